@@ -1,0 +1,28 @@
+# The two commands a newcomer runs: `make demo` and `make test`. Both set everything up on a fresh machine.
+.PHONY: setup models demo test test-fast lint bench-engine
+
+VENV := .venv/bin
+
+setup:
+	@bash scripts/setup_env.sh
+
+models: setup
+	@$(VENV)/relaygen models fetch demo
+
+# Relay generation on a GSM8K question, coloured by the model that wrote each span.
+demo: models
+	@$(VENV)/relaygen demo
+
+# Everything, including the tests on the real demo pair (fetched here first: no silent skips).
+test: models
+	@$(VENV)/python -m pytest -q
+
+# Quick iteration: tiny random-weight models and scripted models only.
+test-fast: setup
+	@$(VENV)/python -m pytest -q -m "not real_pair"
+
+lint: setup
+	@$(VENV)/ruff check . && $(VENV)/ruff format --check .
+
+bench-engine: models
+	@$(VENV)/python benchmarks/engine_overhead.py

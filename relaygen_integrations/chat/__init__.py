@@ -1,0 +1,1 @@
+"""Framework-free chat layer shared by the engine and both adapters: prompt rendering and tool-call parsing."""

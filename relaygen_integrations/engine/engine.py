@@ -1,0 +1,314 @@
+"""RelayEngine: the public, framework-free entry point (load a pair once, generate / stream, sync or async)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..chat.template import render_prompt_ids
+from .cues import CueSet, resolve_cues
+from .generate import relay_stream
+from .models import (
+    check_tokenizers_match,
+    context_window,
+    eos_token_ids,
+    load_causal_lm,
+    load_tokenizer,
+    pick_device,
+    pick_dtype,
+    reasoning_end_marker,
+    resolve_reference,
+)
+from .policy import Mode, PolicyConfig, RelayPolicy
+from .runner import ModelRunner
+from .sampling import Sampler, SamplingParams
+from .spans import FinalEvent, ModelRole, RelayResult, StreamEvent
+
+MODES: tuple[Mode, ...] = ("relay", "large", "small")
+
+
+class GenerationError(ValueError):
+    """A generation request is invalid (bad settings, prompt too long for the context window, ...)."""
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """A validated request, ready to run."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    mode: Mode
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_DONE = object()
+_SHARED_ENGINES: dict[tuple[Any, ...], RelayEngine] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+class RelayEngine:
+    """Two models that share a tokenizer, each with its own KV cache, writing one answer together.
+
+    Requests are serialized (one lock): the caches hold one sequence at a time, and on a CPU a second concurrent
+    generation would only split the same cores. Threads and asyncio tasks can share one engine safely.
+    """
+
+    def __init__(
+        self,
+        large: PreTrainedModel,
+        small: PreTrainedModel | None,
+        tokenizer: PreTrainedTokenizerBase,
+        cues: CueSet | str | list[str] = "generic",
+        policy: PolicyConfig | Mapping[str, Any] | None = None,
+        *,
+        large_name: str = "large",
+        small_name: str = "small",
+        pair_name: str | None = None,
+        reuse_prefix: bool = True,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.large_name, self.small_name, self.pair_name = large_name, small_name, pair_name
+        self.cues = resolve_cues(cues, pair_name) if not isinstance(cues, CueSet) else cues
+        config = policy if isinstance(policy, PolicyConfig) else PolicyConfig(**dict(policy or {}))
+        if config.reasoning_end is None:
+            config = config.model_copy(update={"reasoning_end": reasoning_end_marker(tokenizer)})
+        self.policy_config = config
+        self.reuse_prefix = reuse_prefix
+        self.runners: dict[ModelRole, ModelRunner] = {"large": ModelRunner("large", large)}
+        if small is not None:
+            self.runners["small"] = ModelRunner("small", small)
+        self.eos_ids = eos_token_ids(large, tokenizer)
+        self.context_window = context_window(large)
+        self._lock = threading.Lock()
+
+    # -- construction ------------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls,
+        large: str = "demo",
+        small: str = "demo",
+        cues: str | list[str] | CueSet = "auto",
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        *,
+        policy: PolicyConfig | Mapping[str, Any] | None = None,
+        trust_remote_code: bool = False,
+        allow_pickle: bool = False,
+        reuse_prefix: bool = True,
+    ) -> RelayEngine:
+        """Loads both models (a known pair name such as ``"demo"``, a local directory, or a hub id).
+
+        The tokenizer and chat template come from the large model; the small model's tokenizer must agree with it.
+        """
+        torch_device = pick_device(device)
+        torch_dtype = pick_dtype(dtype, torch_device)
+        large_ref, pair = resolve_reference(large, "large", torch_dtype)
+        small_ref, small_pair = resolve_reference(small, "small", torch_dtype)
+        tokenizer = load_tokenizer(large_ref, trust_remote_code)
+        check_tokenizers_match(tokenizer, load_tokenizer(small_ref, trust_remote_code))
+        large_model = load_causal_lm(large_ref, torch_dtype, torch_device, trust_remote_code, allow_pickle)
+        small_model = load_causal_lm(small_ref, torch_dtype, torch_device, trust_remote_code, allow_pickle)
+        return cls(
+            large_model,
+            small_model,
+            tokenizer,
+            cues=resolve_cues(cues, pair if pair == small_pair else None),
+            policy=policy,
+            large_name=large if pair is None else f"{pair}:large",
+            small_name=small if small_pair is None else f"{small_pair}:small",
+            pair_name=pair if pair == small_pair else None,
+            reuse_prefix=reuse_prefix,
+        )
+
+    @classmethod
+    def shared(cls, large: str = "demo", small: str = "demo", **kwargs: Any) -> RelayEngine:
+        """One engine (one copy of the weights) per distinct configuration, loaded on first use; adapters use this
+        so two chat models built with the same settings share everything."""
+        key = (large, small, *sorted((k, repr(v)) for k, v in kwargs.items()))
+        with _SHARED_LOCK:
+            engine = _SHARED_ENGINES.get(key)
+            if engine is None:
+                engine = cls.from_pretrained(large=large, small=small, **kwargs)
+                _SHARED_ENGINES[key] = engine
+            return engine
+
+    # -- request preparation ------------------------------------------------------------------------------------
+    def encode_messages(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        return render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs)
+
+    def plan(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        mode: Mode = "relay",
+    ) -> GenerationPlan:
+        """Validates every setting before any model work starts, so a bad request leaves nothing half-done."""
+        if mode not in MODES:
+            raise GenerationError(f"unknown mode {mode!r}: use one of {list(MODES)}")
+        if mode != "large" and "small" not in self.runners:
+            raise GenerationError(f"mode {mode!r} needs a small model, and this engine has none")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        try:
+            sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        except ValidationError as exc:
+            raise GenerationError(f"invalid sampling settings: {exc.errors()[0]['loc'][0]} {exc.errors()[0]['msg']}") from exc
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        for s in stops:
+            if not isinstance(s, str) or not s:
+                raise GenerationError(f"stop sequences must be non-empty strings, got {s!r}")
+            if "\ufffd" in s or any(0xD800 <= ord(ch) <= 0xDFFF for ch in s):
+                raise GenerationError(f"stop sequence {s!r} is not valid UTF-8 text")
+        ids = [int(i) for i in prompt_ids]
+        if not ids:
+            raise GenerationError("the prompt is empty")
+        room = self.context_window - len(ids)
+        if room <= 0:
+            raise GenerationError(
+                f"the prompt has {len(ids)} tokens but the context window is {self.context_window} tokens"
+            )
+        return GenerationPlan(ids, min(max_new_tokens, room), sampling, stops, mode)
+
+    # -- running ------------------------------------------------------------------------------------------------
+    def run_plan(self, plan: GenerationPlan, cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
+        """The stream of one planned request. Holds the engine lock while it runs; closing it stops generation."""
+        with self._lock:
+            runners = {role: self.runners[role] for role in (("large", "small") if plan.mode == "relay" else (plan.mode,))}
+            policy = RelayPolicy(self.cues, self.policy_config, plan.mode)
+            yield from relay_stream(
+                runners,
+                self.tokenizer,
+                plan.prompt_ids,
+                policy,
+                Sampler(plan.sampling),
+                plan.max_new_tokens,
+                self.eos_ids,
+                plan.stop,
+                cancel,
+                self.reuse_prefix,
+            )
+
+    def stream_ids(self, prompt_ids: Sequence[int], cancel: threading.Event | None = None, **settings: Any) -> Iterator[StreamEvent]:
+        """Raw path: stream from prompt token ids (no chat template)."""
+        return self.run_plan(self.plan(prompt_ids, **settings), cancel)
+
+    def generate_ids(self, prompt_ids: Sequence[int], **settings: Any) -> RelayResult:
+        return _final(self.stream_ids(prompt_ids, **settings))
+
+    def stream(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        cancel: threading.Event | None = None,
+        **settings: Any,
+    ) -> Iterator[StreamEvent]:
+        """Streams TextEvent / SwitchEvent as text becomes final, then one FinalEvent with the whole result."""
+        return self.stream_ids(self.encode_messages(messages, tools, chat_template_kwargs), cancel, **settings)
+
+    def generate(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> RelayResult:
+        return _final(self.stream(messages, tools=tools, chat_template_kwargs=chat_template_kwargs, **settings))
+
+    async def astream_plan(self, plan: GenerationPlan) -> AsyncIterator[StreamEvent]:
+        """Runs the plan on a worker thread and hands events back through the event loop, which is never blocked.
+        Cancelling the consumer (or closing the iterator) stops generation within one decode step."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        cancel = threading.Event()
+
+        def deliver(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop closed under us: nobody is listening any more
+                cancel.set()
+
+        def work() -> None:
+            try:
+                for event in self.run_plan(plan, cancel):
+                    deliver(event)
+            except BaseException as exc:
+                deliver(_Failure(exc))
+            finally:
+                deliver(_DONE)
+
+        worker = threading.Thread(target=work, name="relaygen-generate", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, _Failure):
+                    raise item.exc
+                yield item
+        finally:
+            cancel.set()
+
+    async def astream(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> AsyncIterator[StreamEvent]:
+        plan = self.plan(self.encode_messages(messages, tools, chat_template_kwargs), **settings)
+        async for event in self.astream_plan(plan):
+            yield event
+
+    async def agenerate(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> RelayResult:
+        async for event in self.astream(messages, tools=tools, chat_template_kwargs=chat_template_kwargs, **settings):
+            if isinstance(event, FinalEvent):
+                return event.result
+        raise RuntimeError("generation ended without a result")
+
+    async def agenerate_ids(self, prompt_ids: Sequence[int], **settings: Any) -> RelayResult:
+        async for event in self.astream_plan(self.plan(prompt_ids, **settings)):
+            if isinstance(event, FinalEvent):
+                return event.result
+        raise RuntimeError("generation ended without a result")
+
+
+def _final(events: Iterator[StreamEvent]) -> RelayResult:
+    for event in events:
+        if isinstance(event, FinalEvent):
+            return event.result
+    raise RuntimeError("generation ended without a result")

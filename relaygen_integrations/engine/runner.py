@@ -1,0 +1,105 @@
+"""One model and its KV cache.
+
+A runner knows which token ids its cache holds (``cached_ids``). Asking it for the next-token logits of a sequence
+forward-passes only the tokens it has not seen yet - the prompt once, a decode step's single token, or at a switch
+the other model's whole segment in one catch-up pass. A new request that shares a prefix with what the cache holds
+(a chat's system prompt, an agent's growing history) crops the cache back to that prefix instead of re-prefilling it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .spans import ModelRole
+
+
+@dataclass
+class ForwardStats:
+    """Where a runner's forward work went during one request."""
+
+    prefill_tokens: int = 0
+    catchup_tokens: int = 0
+    decode_steps: int = 0
+    reused_tokens: int = 0
+    forward_passes: int = 0
+
+
+@dataclass
+class ModelRunner:
+    role: ModelRole
+    model: PreTrainedModel
+    cache: DynamicCache | None = None
+    cached_ids: list[int] = field(default_factory=list)
+    last_logits: torch.Tensor | None = None  # next-token logits after ``cached_ids``
+    stats: ForwardStats = field(default_factory=ForwardStats)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def reset(self) -> None:
+        """Forgets everything cached (used after an error, so no half-updated state survives)."""
+        self.cache = None
+        self.cached_ids = []
+        self.last_logits = None
+
+    def begin_request(self, prompt_ids: list[int], reuse_prefix: bool) -> None:
+        """Keeps the longest cached prefix shared with the new prompt (minus one token, so there is always at
+        least one token to forward and fresh logits to sample from); drops the rest with ``DynamicCache.crop``."""
+        self.stats = ForwardStats()
+        keep = 0
+        if reuse_prefix and self.cache is not None:
+            limit = min(len(self.cached_ids), len(prompt_ids) - 1)
+            while keep < limit and self.cached_ids[keep] == prompt_ids[keep]:
+                keep += 1
+        if keep == 0:
+            self.reset()
+            return
+        if keep < len(self.cached_ids):
+            # A negative count means "remove this many": the one form every transformers 5.x release accepts.
+            self.cache.crop(keep - len(self.cached_ids))  # type: ignore[union-attr]
+            del self.cached_ids[keep:]
+            self.last_logits = None
+        self.stats.reused_tokens = keep
+
+    def logits_for(self, ids: list[int], prompt_len: int, owners: list[ModelRole]) -> torch.Tensor:
+        """Next-token logits (1-D, float32) after ``ids``, forwarding only the tokens this runner has not seen.
+
+        ``owners[j]`` is the model that wrote completion token ``j``; it tells catch-up from own tokens apart.
+        """
+        seen = len(self.cached_ids)
+        if seen == len(ids) and self.last_logits is not None:
+            return self.last_logits
+        if seen >= len(ids):
+            raise RuntimeError(f"{self.role} runner holds {seen} tokens but the sequence has only {len(ids)}")
+        new_ids = ids[seen:]
+        self._account(seen, len(ids), prompt_len, owners)
+        self.last_logits = forward_tokens(self, new_ids)
+        return self.last_logits
+
+    def _account(self, seen: int, total: int, prompt_len: int, owners: list[ModelRole]) -> None:
+        prompt_part = max(0, prompt_len - seen)
+        self.stats.prefill_tokens += prompt_part
+        for j in range(max(0, seen - prompt_len), total - prompt_len):
+            if owners[j] == self.role:
+                self.stats.decode_steps += 1
+            else:
+                self.stats.catchup_tokens += 1
+        self.stats.forward_passes += 1
+
+
+@torch.inference_mode()
+def forward_tokens(runner: ModelRunner, new_ids: list[int]) -> torch.Tensor:
+    """One forward pass over ``new_ids`` appended to the runner's cache; returns the last position's logits.
+
+    ``logits_to_keep=1`` matters: a 32-token catch-up would otherwise project all 32 positions onto a 152k vocab.
+    """
+    if runner.cache is None:
+        runner.cache = DynamicCache(config=runner.model.config)
+    input_ids = torch.tensor([new_ids], dtype=torch.long, device=runner.device)
+    output = runner.model(input_ids=input_ids, past_key_values=runner.cache, use_cache=True, logits_to_keep=1)
+    runner.cached_ids.extend(new_ids)
+    return output.logits[0, -1].float()

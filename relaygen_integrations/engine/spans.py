@@ -1,0 +1,140 @@
+"""Result and stream-event types of a relay generation.
+
+Everything here is plain data (dataclasses) so a backend, the CLI and both framework adapters can build on it without
+importing torch or a framework.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+ModelRole = Literal["large", "small"]
+FinishReason = Literal["stop", "length", "stop_sequence", "cancelled"]
+
+
+@dataclass
+class Span:
+    """A run of consecutive completion tokens written by one model.
+
+    ``start``/``end`` are character offsets into ``RelayResult.text``; ``trigger`` says why this span began:
+    ``"start"``, ``"cue:<cue>"``, ``"sentence_end"``, ``"reasoning_end"`` or ``"cap"``.
+    """
+
+    model: ModelRole
+    trigger: str
+    start: int
+    end: int = 0
+    text: str = ""
+    token_count: int = 0
+    duration: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Usage:
+    """Token accounting for one generation.
+
+    ``*_prefill_tokens`` are prompt tokens a model forward-passed; ``*_catchup_tokens`` are completion tokens written
+    by the *other* model that a model forward-passed at a switch. Each model sees every token at most once, so
+    ``large_prefill + large_catchup + large_tokens`` bounds its total forward work.
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    large_tokens: int = 0
+    small_tokens: int = 0
+    switches: int = 0
+    large_prefill_tokens: int = 0
+    small_prefill_tokens: int = 0
+    large_catchup_tokens: int = 0
+    small_catchup_tokens: int = 0
+    reused_prefix_tokens: int = 0
+    rolled_back_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def small_share(self) -> float:
+        """Fraction of completion tokens written by the small model (the paper's f)."""
+        return self.small_tokens / self.completion_tokens if self.completion_tokens else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["total_tokens"] = self.total_tokens
+        return data
+
+
+@dataclass
+class RelayResult:
+    """The outcome of one generation: text, who wrote what, and what it cost."""
+
+    text: str
+    spans: list[Span]
+    usage: Usage
+    finish_reason: FinishReason
+    completion_ids: list[int] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "spans": [span.to_dict() for span in self.spans],
+            "usage": self.usage.to_dict(),
+            "finish_reason": self.finish_reason,
+            "elapsed": self.elapsed,
+        }
+
+
+@dataclass(frozen=True)
+class TextEvent:
+    """A piece of newly final text written by ``model`` (part of span ``span_index``)."""
+
+    text: str
+    model: ModelRole
+    span_index: int
+
+
+@dataclass(frozen=True)
+class SwitchEvent:
+    """The writer changes from ``from_model`` to ``to_model`` at character ``char_offset`` of the final text."""
+
+    from_model: ModelRole
+    to_model: ModelRole
+    trigger: str
+    char_offset: int
+    span_index: int
+
+    @property
+    def text(self) -> str:
+        return ""
+
+    @property
+    def model(self) -> ModelRole:
+        return self.to_model
+
+
+@dataclass(frozen=True)
+class FinalEvent:
+    """Always the last event of a stream; carries the complete result."""
+
+    result: RelayResult
+
+    @property
+    def text(self) -> str:
+        return ""
+
+    @property
+    def model(self) -> ModelRole:
+        return self.result.spans[-1].model if self.result.spans else "large"
+
+    @property
+    def span_index(self) -> int:
+        return len(self.result.spans) - 1
+
+
+StreamEvent = TextEvent | SwitchEvent | FinalEvent

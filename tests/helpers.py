@@ -1,0 +1,101 @@
+"""Test models: tiny random-weight Qwen2 models and a scripted model whose output is fixed text.
+
+The scripted model makes switch points exact and readable: each model "writes" its own reference text from the
+current character offset of the completion, so with a large reference in lower case and a small reference in upper
+case, the relay output shows in its letters which model wrote every character.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from transformers import DynamicCache, GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+
+from relaygen_integrations import RelayEngine
+
+
+def tiny_qwen2(tokenizer: PreTrainedTokenizerBase, seed: int, hidden: int = 64, layers: int = 2) -> Qwen2ForCausalLM:
+    """A random-weight model of the demo pair's architecture family, small enough to build in well under a second."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    # Random init gives near-uniform logits; widen the head so greedy choices are not decided by rounding noise.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.bos_token_id)
+    return model
+
+
+class ScriptedLM(torch.nn.Module):
+    """Writes ``reference[len(completion_text):]`` one token at a time, then ends with <|im_end|>.
+
+    The cache is a real DynamicCache whose single layer stores the token ids themselves, so the model always knows
+    the whole sequence it was fed - including after ``DynamicCache.crop`` - and the engine's catch-up logic is
+    exercised exactly as with a real model. ``fed`` records every forward pass's token count.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, reference: str, prompt_len: int) -> None:
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.reference = reference
+        self.prompt_len = prompt_len
+        self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.config = Qwen2Config(
+            vocab_size=len(tokenizer), num_hidden_layers=1, max_position_embeddings=4096, hidden_size=8,
+            num_attention_heads=1, num_key_value_heads=1,
+        )  # fmt: skip
+        self.generation_config = GenerationConfig(eos_token_id=self.eos)
+        self.fed: list[int] = []
+        self._anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self._anchor.device
+
+    def next_token(self, sequence: list[int]) -> int:
+        written = self.tokenizer.decode(sequence[self.prompt_len :], skip_special_tokens=False)
+        rest = self.reference[len(written) :]
+        if not rest:
+            return self.eos
+        return self.tokenizer.encode(rest, add_special_tokens=False)[0]
+
+    def forward(self, input_ids: torch.Tensor, past_key_values: DynamicCache, **_: object) -> SimpleNamespace:
+        ids = input_ids.to(torch.float32).view(1, 1, -1, 1)
+        keys, _values = past_key_values.update(ids, ids, 0)
+        sequence = [int(v) for v in keys.view(-1).tolist()]
+        self.fed.append(input_ids.shape[1])
+        logits = torch.zeros(1, 1, self.config.vocab_size)
+        logits[0, 0, self.next_token(sequence)] = 10.0
+        return SimpleNamespace(logits=logits)
+
+
+PROMPT = [{"role": "user", "content": "Solve it."}]
+
+
+def scripted_engine(
+    tokenizer: PreTrainedTokenizerBase,
+    large_text: str,
+    small_text: str | None = None,
+    cues: list[str] | str = ("So", "So,", "So ", "Therefore", "Now"),  # type: ignore[assignment]
+    **policy: object,
+) -> tuple[RelayEngine, ScriptedLM, ScriptedLM]:
+    """An engine over two scripted models; by default the small model writes the upper-cased large text."""
+    prompt_ids = tokenizer.encode(
+        tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    )
+    large = ScriptedLM(tokenizer, large_text, len(prompt_ids))
+    small = ScriptedLM(tokenizer, small_text if small_text is not None else large_text.upper(), len(prompt_ids))
+    engine = RelayEngine(large, small, tokenizer, cues=list(cues), policy=dict(policy))  # type: ignore[arg-type]
+    return engine, large, small
