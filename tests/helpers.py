@@ -71,9 +71,9 @@ class ScriptedLM(torch.nn.Module):
             return self.eos
         return self.tokenizer.encode(rest, add_special_tokens=False)[0]
 
-    def forward(self, input_ids: torch.Tensor, past_key_values: DynamicCache, **_: object) -> SimpleNamespace:
+    def forward(self, input_ids: torch.Tensor, cache: DynamicCache, **_: object) -> SimpleNamespace:
         ids = input_ids.to(torch.float32).view(1, 1, -1, 1)
-        keys, _values = past_key_values.update(ids, ids, 0)
+        keys, _values = cache.update(ids, ids, 0)
         sequence = [int(v) for v in keys.view(-1).tolist()]
         self.fed.append(input_ids.shape[1])
         logits = torch.zeros(1, 1, self.config.vocab_size)

@@ -8,6 +8,7 @@ the other model's whole segment in one catch-up pass. A new request that shares 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +36,12 @@ class ModelRunner:
     cached_ids: list[int] = field(default_factory=list)
     last_logits: torch.Tensor | None = None  # next-token logits after ``cached_ids``
     stats: ForwardStats = field(default_factory=ForwardStats)
+    cache_kwarg: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        # transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name warns, then goes away in 5.40).
+        params = inspect.signature(self.model.forward).parameters
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     @property
     def device(self) -> torch.device:
@@ -100,6 +107,7 @@ def forward_tokens(runner: ModelRunner, new_ids: list[int]) -> torch.Tensor:
     if runner.cache is None:
         runner.cache = DynamicCache(config=runner.model.config)
     input_ids = torch.tensor([new_ids], dtype=torch.long, device=runner.device)
-    output = runner.model(input_ids=input_ids, past_key_values=runner.cache, use_cache=True, logits_to_keep=1)
+    kwargs = {runner.cache_kwarg: runner.cache}
+    output = runner.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **kwargs)
     runner.cached_ids.extend(new_ids)
     return output.logits[0, -1].float()
