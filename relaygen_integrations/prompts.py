@@ -1,0 +1,30 @@
+"""Prompts shared by the demo, the CLI and the benchmark (one system prompt for every mode)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+MATH_SYSTEM_PROMPT = (
+    "Reason step by step in plain sentences (no code), then give the final answer as \\boxed{N}."
+)
+
+
+def math_messages(question: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": MATH_SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+
+def load_gsm8k(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """GSM8K records (``question``, ``answer``); the five shipped demo problems when no path is given."""
+    if path is None:
+        text = (resources.files("relaygen_integrations") / "data" / "gsm8k_demo.jsonl").read_text(encoding="utf-8")
+    else:
+        text = Path(path).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def gsm8k_reference_answer(record: dict[str, Any]) -> str:
+    """The number after '####' in a GSM8K answer."""
+    return str(record["answer"]).rsplit("####", 1)[-1].strip().replace(",", "")

@@ -1,0 +1,67 @@
+"""Cue presets and profiles, load-time checks."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from relaygen_integrations.engine import CueConfigError, TokenizerMismatchError, resolve_cues
+from relaygen_integrations.engine.cues import GENERIC_CUES, QWEN3_CUES, R1_CUES, cue_core, has_left_boundary
+from relaygen_integrations.engine.models import check_tokenizers_match, pick_dtype
+
+
+def test_presets_resolve():
+    assert resolve_cues("qwen3").cues == QWEN3_CUES
+    assert resolve_cues("r1").cues == R1_CUES
+    assert resolve_cues("generic").cues == GENERIC_CUES
+    assert resolve_cues("auto", pair_name="no-such-pair").cues == GENERIC_CUES
+    assert resolve_cues(["So,", "Thus"]).cues == ("So,", "Thus")
+    assert resolve_cues(None).cues == ()
+
+
+def test_profile_file_is_loaded(tmp_path):
+    profile = tmp_path / "pair.json"
+    profile.write_text(json.dumps({"selected_cues": ["Therefore", "So,"], "table": []}))
+    assert resolve_cues(str(profile)).cues == ("Therefore", "So,")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("nonsense", "unknown cue preset 'nonsense'"), ([""], "empty"), ([",so"], "word character")],
+)
+def test_bad_cue_specs_are_named(spec, message):
+    with pytest.raises(CueConfigError, match=message):
+        resolve_cues(spec)
+
+
+def test_corrupt_profile_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(CueConfigError, match="not JSON"):
+        resolve_cues(str(bad))
+    with pytest.raises(CueConfigError, match="does not exist"):
+        resolve_cues(str(tmp_path / "missing.json"))
+
+
+def test_word_boundary_helpers():
+    assert cue_core("So,") == "So" and cue_core("So ") == "So" and cue_core("double-check") == "double-check"
+    assert has_left_boundary("Also", 0) and not has_left_boundary("Also", 2)
+    assert has_left_boundary("x. So", 3)
+
+
+def test_tokenizer_mismatch_names_the_first_differing_token(tokenizer):
+    other = copy.deepcopy(tokenizer)
+    other.add_tokens(["<zz_new_token>"])
+    with pytest.raises(TokenizerMismatchError, match=r"token id \d+: large has None, small has '<zz_new_token>'"):
+        check_tokenizers_match(tokenizer, other)
+    check_tokenizers_match(tokenizer, copy.deepcopy(tokenizer))
+
+
+def test_dtype_names():
+    import torch
+
+    assert pick_dtype("auto") == torch.bfloat16 and pick_dtype("fp32") == torch.float32
+    with pytest.raises(ValueError, match="unknown dtype"):
+        pick_dtype("int3")

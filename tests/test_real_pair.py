@@ -1,0 +1,68 @@
+"""The engine on the real demo pair (Qwen2.5-Coder 1.5B + 0.5B, bf16) and GSM8K questions.
+
+`make test` fetches the pair first, so these never skip silently: a missing pair fails the fixture loudly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from relaygen_integrations import RelayEngine, SwitchEvent, TextEvent
+from relaygen_integrations.models_registry import pair_paths
+from relaygen_integrations.prompts import load_gsm8k, math_messages
+
+pytestmark = pytest.mark.real_pair
+
+SHARED_GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test_dev.jsonl"
+# Broad cues so that both models certainly write within a short budget (the calibrated profile is another issue).
+TEST_CUES = ["Therefore", "Thus", "So,", "So ", "Now,", "First,", "Next,", "Then", "Finally,", "We", "The", "She", "He"]
+
+
+@pytest.fixture(scope="module")
+def engine() -> RelayEngine:
+    if pair_paths("demo") is None:
+        pytest.fail("the demo pair is not cached: run `relaygen models fetch demo` (make test does this first)")
+    return RelayEngine.from_pretrained("demo", "demo", cues=TEST_CUES, dtype="bf16")
+
+
+@pytest.fixture(scope="module")
+def questions() -> list[str]:
+    records = load_gsm8k(SHARED_GSM8K if SHARED_GSM8K.exists() else None)
+    return [r["question"] for r in records[:2]]
+
+
+def test_both_models_write_spans_on_gsm8k(engine, questions):
+    for question in questions:
+        events = list(engine.stream(math_messages(question), max_new_tokens=160))
+        result = events[-1].result
+        usage = result.usage
+        assert usage.large_tokens > 0 and usage.small_tokens > 0, result.spans
+        assert {s.model for s in result.spans} == {"large", "small"}
+        assert "".join(s.text for s in result.spans) == result.text == engine.tokenizer.decode(result.completion_ids)
+        assert "".join(e.text for e in events if isinstance(e, TextEvent)) == result.text
+        assert len([e for e in events if isinstance(e, SwitchEvent)]) == usage.switches
+        # Each model saw the prompt once and every other-model token at most once.
+        assert usage.large_prefill_tokens + usage.small_prefill_tokens <= 2 * usage.prompt_tokens
+        assert usage.large_catchup_tokens <= usage.small_tokens
+        assert usage.small_catchup_tokens <= usage.large_tokens + usage.small_tokens
+        for span in result.spans[1:]:
+            assert span.trigger.startswith(("cue:", "sentence_end", "cap", "reasoning_end"))
+
+
+def test_large_mode_matches_generate_on_the_real_model(engine, questions):
+    prompt_ids = engine.encode_messages(math_messages(questions[0]))
+    large = engine.runners["large"].model
+    reference = large.generate(torch.tensor([prompt_ids]), max_new_tokens=24, do_sample=False)[0, len(prompt_ids) :]
+    result = engine.generate_ids(prompt_ids, max_new_tokens=24, mode="large")
+    assert result.completion_ids == reference.tolist()[: len(result.completion_ids)]
+
+
+def test_tokenizers_of_the_pair_agree(engine):
+    paths = pair_paths("demo")
+    from transformers import AutoTokenizer
+
+    small_tokenizer = AutoTokenizer.from_pretrained(paths.small)
+    assert small_tokenizer.get_vocab() == engine.tokenizer.get_vocab()
