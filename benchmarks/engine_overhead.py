@@ -99,8 +99,12 @@ def main() -> None:
         table.add_row(f"forward of {k} tokens / decode step", f"{t / decode:.2f}")
     table.add_row("relay: small share f", f"{relay.usage.small_share:.2f}")
     table.add_row("relay: switches", str(relay.usage.switches))
-    table.add_row("relay: catch-up tokens large/small", f"{relay.usage.large_catchup_tokens}/{relay.usage.small_catchup_tokens}")
-    table.add_row("relay s/token vs large-only s/token", f"{(relay_time / max(1, relay.usage.completion_tokens)) / (large_time / max(1, large_only.usage.completion_tokens)):.3f}")
+    table.add_row(
+        "relay: catch-up tokens large/small", f"{relay.usage.large_catchup_tokens}/{relay.usage.small_catchup_tokens}"
+    )
+    relay_per_token = relay_time / max(1, relay.usage.completion_tokens)
+    large_per_token = large_time / max(1, large_only.usage.completion_tokens)
+    table.add_row("relay s/token vs large-only s/token", f"{relay_per_token / large_per_token:.3f}")
     console.print(table)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)

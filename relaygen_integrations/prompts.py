@@ -7,9 +7,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-MATH_SYSTEM_PROMPT = (
-    "Reason step by step in plain sentences (no code), then give the final answer as \\boxed{N}."
-)
+MATH_SYSTEM_PROMPT = "Reason step by step in plain sentences (no code), then give the final answer as \\boxed{N}."
 
 
 def math_messages(question: str) -> list[dict[str, str]]:

@@ -108,7 +108,11 @@ def test_multibyte_character_split_across_a_switch(tokenizer, pair):
     from relaygen_integrations.engine.policy import PolicyConfig, RelayPolicy
     from relaygen_integrations.engine.runner import ModelRunner
 
-    script = tokenizer.encode("Ok. So", add_special_tokens=False) + emoji_ids + tokenizer.encode(" done.", add_special_tokens=False)
+    script = (
+        tokenizer.encode("Ok. So", add_special_tokens=False)
+        + emoji_ids
+        + tokenizer.encode(" done.", add_special_tokens=False)
+    )
 
     prompt_ids = tokenizer.encode("hi", add_special_tokens=False)
 

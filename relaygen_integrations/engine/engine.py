@@ -175,7 +175,9 @@ class RelayEngine:
         try:
             sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         except ValidationError as exc:
-            raise GenerationError(f"invalid sampling settings: {exc.errors()[0]['loc'][0]} {exc.errors()[0]['msg']}") from exc
+            raise GenerationError(
+                f"invalid sampling settings: {exc.errors()[0]['loc'][0]} {exc.errors()[0]['msg']}"
+            ) from exc
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         for s in stops:
             if not isinstance(s, str) or not s:
@@ -196,7 +198,9 @@ class RelayEngine:
     def run_plan(self, plan: GenerationPlan, cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
         """The stream of one planned request. Holds the engine lock while it runs; closing it stops generation."""
         with self._lock:
-            runners = {role: self.runners[role] for role in (("large", "small") if plan.mode == "relay" else (plan.mode,))}
+            runners = {
+                role: self.runners[role] for role in (("large", "small") if plan.mode == "relay" else (plan.mode,))
+            }
             policy = RelayPolicy(self.cues, self.policy_config, plan.mode)
             yield from relay_stream(
                 runners,
@@ -211,7 +215,9 @@ class RelayEngine:
                 self.reuse_prefix,
             )
 
-    def stream_ids(self, prompt_ids: Sequence[int], cancel: threading.Event | None = None, **settings: Any) -> Iterator[StreamEvent]:
+    def stream_ids(
+        self, prompt_ids: Sequence[int], cancel: threading.Event | None = None, **settings: Any
+    ) -> Iterator[StreamEvent]:
         """Raw path: stream from prompt token ids (no chat template)."""
         return self.run_plan(self.plan(prompt_ids, **settings), cancel)
 

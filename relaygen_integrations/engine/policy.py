@@ -167,9 +167,9 @@ class RelayPolicy:
         best: str | None = None
         for cue in self.cues.cues:
             cue_end = start + len(cue)
-            if cue_end >= end and cue_end <= len(text) and text.startswith(cue, start):
-                if best is None or len(cue) > len(best):
-                    best = cue
+            fits = end <= cue_end <= len(text) and text.startswith(cue, start)
+            if fits and (best is None or len(cue) > len(best)):
+                best = cue
         if best is None:
             return None
         extra = text[end : start + len(best)]
@@ -190,7 +190,12 @@ class RelayPolicy:
         for index in range(max(self.segment_start, prev_len - 1), len(text) - 1):
             if text[index] in ".!?" and text[index + 1].isspace() and is_sentence_end_period(text, index):
                 return self._switch("large", len(text), "sentence_end", rollback=False)
-        if text and len(text) > self.segment_start and text[-1] in ".!?" and is_sentence_end_period(text, len(text) - 1):
+        if (
+            text
+            and len(text) > self.segment_start
+            and text[-1] in ".!?"
+            and is_sentence_end_period(text, len(text) - 1)
+        ):
             self._pending_period = len(text)
         if self.segment_tokens >= self.config.max_small_tokens:
             return self._switch("large", len(text), "cap", rollback=False)
