@@ -7,6 +7,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from .tool_calls import validate_tools
+
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
@@ -51,7 +53,7 @@ def render_prompt_text(
         raise MessageError("the tokenizer has no chat template; pass prompt token ids instead of messages")
     return tokenizer.apply_chat_template(
         checked,
-        tools=list(tools) if tools else None,
+        tools=validate_tools(tools) if tools else None,
         add_generation_prompt=add_generation_prompt,
         tokenize=False,
         **dict(chat_template_kwargs or {}),
@@ -63,7 +65,12 @@ def render_prompt_ids(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    assistant_prefix: str | None = None,
 ) -> list[int]:
-    """Prompt ids for a chat; the template already holds the special tokens, so none are added on top."""
-    text = render_prompt_text(tokenizer, messages, tools, chat_template_kwargs)
+    """Prompt ids for a chat; the template already holds the special tokens, so none are added on top.
+
+    ``assistant_prefix`` is prefilled into the assistant turn (e.g. ``<tool_call>`` to force a tool call); the
+    model continues after it.
+    """
+    text = render_prompt_text(tokenizer, messages, tools, chat_template_kwargs) + (assistant_prefix or "")
     return list(tokenizer.encode(text, add_special_tokens=False))

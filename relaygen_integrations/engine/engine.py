@@ -151,8 +151,9 @@ class RelayEngine:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        assistant_prefix: str | None = None,
     ) -> list[int]:
-        return render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs)
+        return render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs, assistant_prefix)
 
     def plan(
         self,
@@ -230,11 +231,13 @@ class RelayEngine:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        assistant_prefix: str | None = None,
         cancel: threading.Event | None = None,
         **settings: Any,
     ) -> Iterator[StreamEvent]:
         """Streams TextEvent / SwitchEvent as text becomes final, then one FinalEvent with the whole result."""
-        return self.stream_ids(self.encode_messages(messages, tools, chat_template_kwargs), cancel, **settings)
+        prompt_ids = self.encode_messages(messages, tools, chat_template_kwargs, assistant_prefix)
+        return self.stream_ids(prompt_ids, cancel, **settings)
 
     def generate(
         self,
@@ -242,9 +245,18 @@ class RelayEngine:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        assistant_prefix: str | None = None,
         **settings: Any,
     ) -> RelayResult:
-        return _final(self.stream(messages, tools=tools, chat_template_kwargs=chat_template_kwargs, **settings))
+        return _final(
+            self.stream(
+                messages,
+                tools=tools,
+                chat_template_kwargs=chat_template_kwargs,
+                assistant_prefix=assistant_prefix,
+                **settings,
+            )
+        )
 
     async def astream_plan(self, plan: GenerationPlan) -> AsyncIterator[StreamEvent]:
         """Runs the plan on a worker thread and hands events back through the event loop, which is never blocked.
@@ -287,9 +299,10 @@ class RelayEngine:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        assistant_prefix: str | None = None,
         **settings: Any,
     ) -> AsyncIterator[StreamEvent]:
-        plan = self.plan(self.encode_messages(messages, tools, chat_template_kwargs), **settings)
+        plan = self.plan(self.encode_messages(messages, tools, chat_template_kwargs, assistant_prefix), **settings)
         async for event in self.astream_plan(plan):
             yield event
 
@@ -299,9 +312,16 @@ class RelayEngine:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        assistant_prefix: str | None = None,
         **settings: Any,
     ) -> RelayResult:
-        async for event in self.astream(messages, tools=tools, chat_template_kwargs=chat_template_kwargs, **settings):
+        async for event in self.astream(
+            messages,
+            tools=tools,
+            chat_template_kwargs=chat_template_kwargs,
+            assistant_prefix=assistant_prefix,
+            **settings,
+        ):
             if isinstance(event, FinalEvent):
                 return event.result
         raise RuntimeError("generation ended without a result")

@@ -80,6 +80,17 @@ class RelayResult:
     completion_ids: list[int] = field(default_factory=list)
     elapsed: float = 0.0
 
+    def relay_metadata(self) -> dict[str, Any]:
+        """The per-model summary adapters attach to messages (JSON-safe)."""
+        return {
+            "spans": [span.to_dict() for span in self.spans],
+            "large_tokens": self.usage.large_tokens,
+            "small_tokens": self.usage.small_tokens,
+            "small_share": round(self.usage.small_share, 4),
+            "switches": self.usage.switches,
+            "usage": self.usage.to_dict(),
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "text": self.text,

@@ -1,0 +1,150 @@
+"""The shared chat layer: prompt rendering with tools and prefills, Hermes tool-call parsing (whole and streamed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relaygen_integrations.chat.template import MessageError, render_prompt_ids, render_prompt_text
+from relaygen_integrations.chat.tool_calls import (
+    InvalidToolCall,
+    ToolCall,
+    ToolCallStreamParser,
+    ToolSchemaError,
+    forced_prefix,
+    parse_tool_calls,
+    validate_tools,
+)
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def test_parse_content_and_tool_calls():
+    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    out = parse_tool_calls(text)
+    assert out.content == "Let me check.\n"  # unstripped, so a stream's text adds up to the same content
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert out.tool_calls[0].id.startswith("call_") and len(out.tool_calls[0].id) == 29
+
+
+def test_malformed_tool_call_is_kept_as_invalid_not_raised():
+    out = parse_tool_calls('<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call>')
+    assert out.tool_calls == []
+    assert len(out.invalid_tool_calls) == 1 and "not valid JSON" in out.invalid_tool_calls[0].error
+    out = parse_tool_calls('<tool_call>{"arguments": {}}</tool_call>')
+    assert "no 'name'" in out.invalid_tool_calls[0].error
+
+
+def test_arguments_as_json_string_and_unclosed_call():
+    out = parse_tool_calls('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')
+    assert out.tool_calls[0].arguments == {"x": 1}
+    out = parse_tool_calls('<tool_call>\n{"name": "f", "arguments": {"x": 2}}')
+    assert out.tool_calls[0].arguments == {"x": 2}
+
+
+def test_plain_text_is_untouched():
+    assert parse_tool_calls("No tools here, 3 < 4.").content == "No tools here, 3 < 4."
+
+
+def test_stream_parser_never_leaks_half_a_tag():
+    text = 'Sure <tool_call>{"name": "f", "arguments": {}}</tool_call> done <tool'
+    parser = ToolCallStreamParser()
+    pieces = []
+    for ch in text:
+        pieces.extend(parser.feed(ch))
+    pieces.extend(parser.finish())
+    content = "".join(p for p in pieces if isinstance(p, str))
+    assert content == "Sure  done <tool"
+    assert [p.name for p in pieces if isinstance(p, ToolCall)] == ["f"]
+    assert not [p for p in pieces if isinstance(p, InvalidToolCall)]
+
+
+def test_forced_prefixes():
+    tools = [WEATHER]
+    assert forced_prefix(None, tools) is None and forced_prefix("auto", tools) is None
+    assert forced_prefix("any", tools) == "<tool_call>\n" == forced_prefix("required", tools)
+    assert forced_prefix("get_weather", tools) == '<tool_call>\n{"name": "get_weather", "arguments": '
+    assert forced_prefix({"type": "function", "function": {"name": "get_weather"}}, tools).endswith('"arguments": ')
+    with pytest.raises(ToolSchemaError, match="names no bound tool"):
+        forced_prefix("nope", tools)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"name": "x"},
+        {"type": "function", "function": {}},
+        {"type": "function", "function": {"name": "x", "parameters": []}},
+    ],
+)
+def test_malformed_tool_schema_is_named(bad):
+    with pytest.raises(ToolSchemaError):
+        validate_tools([bad])
+
+
+def test_template_renders_tools_tool_calls_and_tool_results(tokenizer):
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+        },
+        {"role": "tool", "content": "18 C and sunny"},
+    ]
+    text = render_prompt_text(tokenizer, messages, tools=[WEATHER])
+    assert '"name": "get_weather"' in text and "<tool_response>\n18 C and sunny\n</tool_response>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    ids = render_prompt_ids(tokenizer, messages[:1], tools=[WEATHER], assistant_prefix="<tool_call>\n")
+    assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n<tool_call>\n")
+
+
+@pytest.mark.parametrize(
+    ("messages", "message"),
+    [
+        ([], "empty"),
+        ([{"role": "wizard", "content": "x"}], "unknown role 'wizard'"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "images, audio"),
+        ("hello", "list of"),
+    ],
+)
+def test_bad_messages_are_named(tokenizer, messages, message):
+    with pytest.raises(MessageError, match=message):
+        render_prompt_text(tokenizer, messages)
+
+
+def _scripted(tokenizer, reference: str, prefix: str = ""):
+    from helpers import PROMPT, ScriptedLM
+
+    from relaygen_integrations import RelayEngine
+
+    prompt_ids = render_prompt_ids(tokenizer, PROMPT, tools=[WEATHER], assistant_prefix=prefix or None)
+    large = ScriptedLM(tokenizer, reference, len(prompt_ids))
+    small = ScriptedLM(tokenizer, reference.upper(), len(prompt_ids))
+    return RelayEngine(large, small, tokenizer, cues=[]), PROMPT
+
+
+@pytest.mark.parametrize("prefix_choice", [None, "any", "get_weather"])
+def test_stream_chat_yields_tool_calls_with_stable_ids(tokenizer, prefix_choice):
+    from relaygen_integrations.chat.relay_chat import prepare_chat, stream_chat
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    request = prepare_chat(
+        [{"role": "user", "content": "Solve it."}], [WEATHER], tool_choice=prefix_choice, max_new_tokens=80
+    )
+    engine, _ = _scripted(
+        tokenizer, "Checking. " + call if request.prefix is None else call[len(request.prefix) :], request.prefix or ""
+    )
+    deltas = list(stream_chat(engine, request))
+    final = deltas[-1]
+    streamed_calls = [d.tool_call for d in deltas if d.tool_call is not None]
+    assert [(c.name, c.arguments) for c in final.parsed.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert [c.id for c in streamed_calls] == [c.id for c in final.parsed.tool_calls]
+    assert "".join(d.text for d in deltas) == final.parsed.content
+    assert final.parsed.content == ("Checking. " if request.prefix is None else "")
