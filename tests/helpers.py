@@ -46,12 +46,14 @@ class ScriptedLM(torch.nn.Module):
     exercised exactly as with a real model. ``fed`` records every forward pass's token count.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, reference: str, prompt_len: int) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, reference: str, prompt_len: int | None = None) -> None:
         super().__init__()
         self.tokenizer = tokenizer
         self.reference = reference
         self.prompt_len = prompt_len
         self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+        self.header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
         self.config = Qwen2Config(
             vocab_size=len(tokenizer), num_hidden_layers=1, max_position_embeddings=4096, hidden_size=8,
             num_attention_heads=1, num_key_value_heads=1,
@@ -65,11 +67,19 @@ class ScriptedLM(torch.nn.Module):
         return self._anchor.device
 
     def next_token(self, sequence: list[int]) -> int:
-        written = self.tokenizer.decode(sequence[self.prompt_len :], skip_special_tokens=False)
+        written = self.tokenizer.decode(sequence[self._completion_start(sequence) :], skip_special_tokens=False)
         rest = self.reference[len(written) :]
         if not rest:
             return self.eos
         return self.tokenizer.encode(rest, add_special_tokens=False)[0]
+
+    def _completion_start(self, sequence: list[int]) -> int:
+        """Fixed, or (prompt_len=None) right after the last "<|im_start|>assistant\n": then the reference is the whole
+        assistant turn, including any prefill the engine was given (e.g. a forced "<tool_call>")."""
+        if self.prompt_len is not None:
+            return self.prompt_len
+        start = len(sequence) - 1 - sequence[::-1].index(self.im_start)
+        return start + len(self.header)
 
     def forward(self, input_ids: torch.Tensor, cache: DynamicCache, **_: object) -> SimpleNamespace:
         ids = input_ids.to(torch.float32).view(1, 1, -1, 1)
@@ -96,6 +106,15 @@ def scripted_engine(
         tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False), add_special_tokens=False
     )
     large = ScriptedLM(tokenizer, large_text, len(prompt_ids))
-    small = ScriptedLM(tokenizer, small_text if small_text is not None else large_text.upper(), len(prompt_ids))
+    small_reference = small_text if small_text is not None else large_text.upper()
+    small = ScriptedLM(tokenizer, small_reference, len(prompt_ids))
     engine = RelayEngine(large, small, tokenizer, cues=list(cues), policy=dict(policy))  # type: ignore[arg-type]
     return engine, large, small
+
+
+def chat_engine(tokenizer: PreTrainedTokenizerBase, reply: str, cues: list[str] | None = None) -> RelayEngine:
+    """A scripted engine for any chat (tools, prefills): the large model writes ``reply`` as its assistant turn, the
+    small model the same in upper case."""
+    large = ScriptedLM(tokenizer, reply)
+    small = ScriptedLM(tokenizer, reply.upper())
+    return RelayEngine(large, small, tokenizer, cues=list(cues or ["So"]))  # type: ignore[arg-type]

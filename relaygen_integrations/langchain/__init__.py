@@ -1,0 +1,5 @@
+"""LangChain integration: ``RelayChatModel`` (a BaseChatModel over the relay engine)."""
+
+from .chat_model import SWITCH_EVENT, RelayChatModel, convert_messages
+
+__all__ = ["SWITCH_EVENT", "RelayChatModel", "convert_messages"]

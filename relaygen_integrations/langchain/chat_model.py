@@ -1,0 +1,466 @@
+"""LangChain chat model over the relay engine: message conversion, one engine call, metadata mapping.
+
+Modelled on ChatOllama: construction only stores settings; the engine (and its weights) loads on first use and is
+shared by every RelayChatModel with the same model settings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+from langchain_core.callbacks import (
+    AsyncCallbackManager,
+    AsyncCallbackManagerForLLMRun,
+    CallbackManager,
+    CallbackManagerForLLMRun,
+)
+from langchain_core.callbacks.manager import ahandle_event, handle_event
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.utils.uuid import uuid7
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from ..chat.relay_chat import ChatDelta, ChatRequest, astream_chat, prepare_chat, stream_chat
+from ..chat.tool_calls import InvalidToolCall, ToolCall, forced_prefix, validate_tools
+from ..engine import RelayEngine, RelayResult, SwitchEvent
+
+SWITCH_EVENT = "relaygen_switch"
+_RUN_KWARG = "relaygen_run_id"
+# BaseChatModel.stream/astream do not hand their run manager to _stream/_astream, so those two entry points register
+# the run's config under a run id chosen up front; _stream finds it here to fire switch events under that run.
+_STREAM_RUNS: dict[str, RunnableConfig] = {}
+_ROLE_OF = {"human": "user", "user": "user", "ai": "assistant", "assistant": "assistant", "system": "system"}
+
+
+class RelayChatModel(BaseChatModel):
+    """A chat model where a large model reasons and a small model finishes easy sentences (RelayGen).
+
+    Every streamed chunk says which model wrote it in ``response_metadata["relaygen_chunks"]`` (a list, so chunks
+    merge cleanly); the final message carries ``response_metadata["relaygen"]`` (spans, large/small tokens,
+    switches) and ``usage_metadata``. A ``relaygen_switch`` custom event fires at each switch.
+
+    Example:
+        .. code-block:: python
+
+            from relaygen_integrations.langchain import RelayChatModel
+
+            llm = RelayChatModel(large="demo", small="demo", max_tokens=256)
+            msg = llm.invoke("What is 17 * 23? Think step by step.")
+            print(msg.content, msg.response_metadata["relaygen"]["small_share"])
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+
+    large: str = "demo"
+    """Large model: a known pair name ("demo"), a local directory or a hub id."""
+    small: str = "demo"
+    """Small model (same tokenizer as the large one)."""
+    cues: str | list[str] = "auto"
+    """Switch cues: "auto" (calibrated profile for a known pair, else generic), a preset, a list, or a profile path."""
+    device: str = "auto"
+    dtype: str = "auto"
+    temperature: float = 0.0
+    max_tokens: int = Field(256, alias="max_new_tokens")
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] | None = Field(default=None, alias="stop_sequences")
+    mode: Literal["relay", "large", "small"] = "relay"
+    chat_template_kwargs: dict[str, Any] | None = None
+    streaming: bool = False
+    """Whether ``invoke`` streams internally (so callbacks see tokens)."""
+
+    _engine: RelayEngine | None = PrivateAttr(default=None)
+
+    def __init__(self, engine: RelayEngine | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._engine = engine
+
+    # -- identity -----------------------------------------------------------------------------------------------
+    @property
+    def _llm_type(self) -> str:
+        return "relaygen"
+
+    @property
+    def model_name(self) -> str:
+        if self._engine is not None:
+            return f"relay({self._engine.large_name}+{self._engine.small_name})"
+        return f"relay({self.large}+{self.small})"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name, "cues": self.cues, "mode": self.mode, "temperature": self.temperature,
+            "max_tokens": self.max_tokens, "top_p": self.top_p, "top_k": self.top_k, "dtype": self.dtype,
+        }  # fmt: skip
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "relaygen"
+        params["ls_model_name"] = kwargs.get("model", self.model_name)
+        params["ls_model_type"] = "chat"
+        params["ls_temperature"] = kwargs.get("temperature", self.temperature)
+        params["ls_max_tokens"] = kwargs.get("max_tokens", self.max_tokens)
+        return params
+
+    @property
+    def engine(self) -> RelayEngine:
+        """The shared engine, loaded on first use."""
+        if self._engine is None:
+            self._engine = RelayEngine.shared(
+                self.large, self.small, cues=self.cues, device=self.device, dtype=self.dtype
+            )
+        return self._engine
+
+    # -- tools --------------------------------------------------------------------------------------------------
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable | BaseTool],
+        *,
+        tool_choice: dict | str | bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Renders the tools through the chat template; a forced ``tool_choice`` ("any"/"required"/a name) is
+        enforced by prefilling the tool-call opening."""
+        formatted = validate_tools([convert_to_openai_tool(tool) for tool in tools])
+        if tool_choice is not None and tool_choice != "none":
+            forced_prefix(tool_choice, formatted)  # fail at bind time on a name that is not bound
+        return super().bind(tools=formatted, tool_choice=tool_choice, **kwargs)
+
+    # -- request building ---------------------------------------------------------------------------------------
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> ChatRequest:
+        kwargs = dict(kwargs)
+        tools = kwargs.pop("tools", None)
+        tool_choice = kwargs.pop("tool_choice", None)
+        stops = [*(self.stop or []), *(stop or []), *(kwargs.pop("stop", None) or [])]
+        settings = {
+            "max_new_tokens": kwargs.pop("max_tokens", kwargs.pop("max_new_tokens", self.max_tokens)),
+            "temperature": kwargs.pop("temperature", self.temperature),
+            "top_p": kwargs.pop("top_p", self.top_p),
+            "top_k": kwargs.pop("top_k", self.top_k),
+            "seed": kwargs.pop("seed", self.seed),
+            "mode": kwargs.pop("mode", self.mode),
+            "stop": stops or None,
+        }
+        template_kwargs = kwargs.pop("chat_template_kwargs", self.chat_template_kwargs)
+        kwargs.pop("ls_structured_output_format", None)
+        kwargs.pop(_RUN_KWARG, None)
+        if kwargs:
+            raise TypeError(f"RelayChatModel got unsupported call arguments: {sorted(kwargs)}")
+        return prepare_chat(convert_messages(messages), tools, tool_choice, template_kwargs, **settings)
+
+    # -- LangChain entry points ---------------------------------------------------------------------------------
+    def stream(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> Iterator[AIMessageChunk]:  # fmt: skip
+        config, token = _register_run(config)
+        try:
+            yield from super().stream(input, config, stop=stop, **{_RUN_KWARG: token}, **kwargs)
+        finally:
+            _STREAM_RUNS.pop(token, None)
+
+    async def astream(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:  # fmt: skip
+        config, token = _register_run(config)
+        try:
+            async for chunk in super().astream(input, config, stop=stop, **{_RUN_KWARG: token}, **kwargs):
+                yield chunk
+        finally:
+            _STREAM_RUNS.pop(token, None)
+
+    def _stream_run_manager(self, kwargs: dict[str, Any]) -> CallbackManagerForLLMRun | None:
+        """Rebuilds the run manager of a stream()/astream() call from its registered config."""
+        token = kwargs.pop(_RUN_KWARG, None)
+        config = _STREAM_RUNS.get(token) if token else None
+        if config is None:
+            return None
+        manager = CallbackManager.configure(
+            config.get("callbacks"), self.callbacks, self.verbose, config.get("tags"), self.tags,
+            config.get("metadata"), self.metadata,
+        )  # fmt: skip
+        return CallbackManagerForLLMRun(
+            run_id=config["run_id"], handlers=manager.handlers, inheritable_handlers=manager.inheritable_handlers,
+            parent_run_id=manager.parent_run_id, tags=manager.tags, metadata=manager.metadata,
+        )  # fmt: skip
+
+    def _astream_run_manager(self, kwargs: dict[str, Any]) -> AsyncCallbackManagerForLLMRun | None:
+        token = kwargs.pop(_RUN_KWARG, None)
+        config = _STREAM_RUNS.get(token) if token else None
+        if config is None:
+            return None
+        manager = AsyncCallbackManager.configure(
+            config.get("callbacks"), self.callbacks, self.verbose, config.get("tags"), self.tags,
+            config.get("metadata"), self.metadata,
+        )  # fmt: skip
+        return AsyncCallbackManagerForLLMRun(
+            run_id=config["run_id"], handlers=manager.handlers, inheritable_handlers=manager.inheritable_handlers,
+            parent_run_id=manager.parent_run_id, tags=manager.tags, metadata=manager.metadata,
+        )  # fmt: skip
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        request = self._request(messages, stop, kwargs)
+        if self.streaming:
+            return _aggregate(self._chunks(stream_chat(self.engine, request), run_manager))
+        for delta in stream_chat(self.engine, request):
+            if delta.switch is not None:
+                _emit_switch(run_manager, delta.switch)
+            if delta.result is not None:
+                return _chat_result(delta, self.model_name)
+        raise RuntimeError("the engine ended without a result")
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        # From stream(): no run manager is passed, and BaseChatModel reports each chunk itself; only switch events
+        # need the rebuilt one.
+        events_manager = run_manager or self._stream_run_manager(kwargs)
+        request = self._request(messages, stop, kwargs)
+        yield from self._chunks(
+            stream_chat(self.engine, request), events_manager, report_tokens=run_manager is not None
+        )
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        request = self._request(messages, stop, kwargs)
+        if self.streaming:
+            return _aggregate([chunk async for chunk in self._achunks(astream_chat(self.engine, request), run_manager)])
+        async for delta in astream_chat(self.engine, request):
+            if delta.switch is not None:
+                await _aemit_switch(run_manager, delta.switch)
+            if delta.result is not None:
+                return _chat_result(delta, self.model_name)
+        raise RuntimeError("the engine ended without a result")
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        events_manager = run_manager or self._astream_run_manager(kwargs)
+        request = self._request(messages, stop, kwargs)
+        chunks = self._achunks(
+            astream_chat(self.engine, request), events_manager, report_tokens=run_manager is not None
+        )
+        async for chunk in chunks:
+            yield chunk
+
+    # -- delta -> chunk -----------------------------------------------------------------------------------------
+    def _chunks(
+        self, deltas: Iterator[ChatDelta], run_manager: CallbackManagerForLLMRun | None, report_tokens: bool = True
+    ) -> Iterator[ChatGenerationChunk]:
+        calls = 0
+        for delta in deltas:
+            if delta.switch is not None:
+                _emit_switch(run_manager, delta.switch)
+                continue
+            chunk = _chunk(delta, calls, self.model_name)
+            calls += delta.tool_call is not None
+            if report_tokens and run_manager is not None and delta.result is None:
+                run_manager.on_llm_new_token(delta.text, chunk=chunk)
+            yield chunk
+
+    async def _achunks(
+        self,
+        deltas: AsyncIterator[ChatDelta],
+        run_manager: AsyncCallbackManagerForLLMRun | None,
+        report_tokens: bool = True,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        calls = 0
+        async for delta in deltas:
+            if delta.switch is not None:
+                await _aemit_switch(run_manager, delta.switch)
+                continue
+            chunk = _chunk(delta, calls, self.model_name)
+            calls += delta.tool_call is not None
+            if report_tokens and run_manager is not None and delta.result is None:
+                await run_manager.on_llm_new_token(delta.text, chunk=chunk)
+            yield chunk
+
+
+# -- message conversion (LangChain -> chat-template dicts) ----------------------------------------------------------
+def _text_content(message: BaseMessage) -> str:
+    content = message.content
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, Mapping) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        else:
+            kind = block.get("type") if isinstance(block, Mapping) else type(block).__name__
+            raise ValueError(
+                f"{type(message).__name__} has a {kind!r} content block; this text-only model pair accepts text only"
+            )
+    return "".join(parts)
+
+
+def convert_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """LangChain messages -> OpenAI-style dicts that the chat template renders (tool calls and results included)."""
+    converted: list[dict[str, Any]] = []
+    for message in messages:
+        if isinstance(message, ToolMessage):
+            converted.append({"role": "tool", "content": _text_content(message), "tool_call_id": message.tool_call_id})
+        elif isinstance(message, AIMessage):
+            entry: dict[str, Any] = {"role": "assistant", "content": _text_content(message)}
+            if message.tool_calls:
+                entry["tool_calls"] = [
+                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
+                    for c in message.tool_calls
+                ]
+            converted.append(entry)
+        elif isinstance(message, (HumanMessage, SystemMessage)):
+            converted.append({"role": _ROLE_OF[message.type], "content": _text_content(message)})
+        elif isinstance(message, ChatMessage):
+            converted.append({"role": _ROLE_OF.get(message.role, message.role), "content": _text_content(message)})
+        else:
+            raise ValueError(f"unsupported message type {type(message).__name__}")
+    return converted
+
+
+# -- metadata mapping ------------------------------------------------------------------------------------------------
+def _usage(result: RelayResult) -> UsageMetadata:
+    usage = result.usage
+    return UsageMetadata(
+        input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens, total_tokens=usage.total_tokens
+    )
+
+
+def _response_metadata(delta: ChatDelta, model_name: str) -> dict[str, Any]:
+    result = delta.result
+    assert result is not None and delta.parsed is not None
+    finish = "tool_calls" if delta.parsed.tool_calls else result.finish_reason
+    return {"model_name": model_name, "finish_reason": finish, "relaygen": result.relay_metadata()}
+
+
+def _chat_result(delta: ChatDelta, model_name: str) -> ChatResult:
+    parsed = delta.parsed
+    assert parsed is not None and delta.result is not None
+    message = AIMessage(
+        content=parsed.content,
+        tool_calls=[tool_call(name=c.name, args=c.arguments, id=c.id) for c in parsed.tool_calls],
+        invalid_tool_calls=[
+            invalid_tool_call(name=c.name, args=c.raw, id=c.id, error=c.error) for c in parsed.invalid_tool_calls
+        ],
+        usage_metadata=_usage(delta.result),
+        response_metadata=_response_metadata(delta, model_name),
+    )
+    return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def _chunk(delta: ChatDelta, call_index: int, model_name: str) -> ChatGenerationChunk:
+    if delta.result is not None:
+        message = AIMessageChunk(
+            content="",
+            usage_metadata=_usage(delta.result),
+            response_metadata=_response_metadata(delta, model_name),
+            chunk_position="last",
+        )
+        return ChatGenerationChunk(message=message)
+    per_chunk = {"relaygen_chunks": [{"model": delta.model, "span_index": delta.span_index}]}
+    call = delta.tool_call
+    if call is None:
+        return ChatGenerationChunk(message=AIMessageChunk(content=delta.text, response_metadata=per_chunk))
+    if isinstance(call, ToolCall):
+        piece = tool_call_chunk(name=call.name, args=json.dumps(call.arguments), id=call.id, index=call_index)
+    else:
+        assert isinstance(call, InvalidToolCall)
+        piece = tool_call_chunk(name=call.name, args=call.raw, id=call.id, index=call_index)
+    return ChatGenerationChunk(
+        message=AIMessageChunk(content="", tool_call_chunks=[piece], response_metadata=per_chunk)
+    )
+
+
+def _aggregate(chunks: Iterator[ChatGenerationChunk] | list[ChatGenerationChunk]) -> ChatResult:
+    total: ChatGenerationChunk | None = None
+    for chunk in chunks:
+        total = chunk if total is None else total + chunk
+    if total is None:
+        raise RuntimeError("the engine produced no output")
+    message = total.message
+    return ChatResult(
+        generations=[
+            ChatGeneration(
+                message=AIMessage(
+                    content=message.content,
+                    tool_calls=message.tool_calls,
+                    invalid_tool_calls=message.invalid_tool_calls,
+                    usage_metadata=message.usage_metadata,
+                    response_metadata=message.response_metadata,
+                )
+            )
+        ]
+    )
+
+
+# -- switch events ---------------------------------------------------------------------------------------------------
+def _register_run(config: RunnableConfig | None) -> tuple[RunnableConfig, str]:
+    config = ensure_config(config)
+    config = {**config, "run_id": config.get("run_id") or uuid7()}  # type: ignore[assignment]
+    token = str(config["run_id"])
+    _STREAM_RUNS[token] = config
+    return config, token
+
+
+def _switch_data(switch: SwitchEvent) -> dict[str, Any]:
+    return {
+        "from": switch.from_model, "to": switch.to_model, "trigger": switch.trigger,
+        "char_offset": switch.char_offset, "span_index": switch.span_index,
+    }  # fmt: skip
+
+
+def _emit_switch(run_manager: CallbackManagerForLLMRun | None, switch: SwitchEvent) -> None:
+    """Custom event under the chat model's own run (its handlers and run_id), so it also reaches handlers and
+    ``astream_events`` when the model is invoked on its own, outside any chain."""
+    if run_manager is None or not run_manager.handlers:
+        return
+    handle_event(
+        run_manager.handlers, "on_custom_event", "ignore_custom_event", SWITCH_EVENT, _switch_data(switch),
+        run_id=run_manager.run_id, tags=run_manager.tags, metadata=run_manager.metadata,
+    )  # fmt: skip
+
+
+async def _aemit_switch(run_manager: AsyncCallbackManagerForLLMRun | None, switch: SwitchEvent) -> None:
+    if run_manager is None or not run_manager.handlers:
+        return
+    await ahandle_event(
+        run_manager.handlers, "on_custom_event", "ignore_custom_event", SWITCH_EVENT, _switch_data(switch),
+        run_id=run_manager.run_id, tags=run_manager.tags, metadata=run_manager.metadata,
+    )  # fmt: skip
