@@ -9,6 +9,7 @@ from helpers import chat_engine
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
+from pydantic import BaseModel
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.langchain import RelayChatModel, convert_messages
@@ -218,3 +219,30 @@ def test_construction_is_lazy_and_engines_are_shared(monkeypatch, tokenizer):
     assert first.engine is second.engine and loads == [("org/big-model", "org/small-model")]
     RelayChatModel(large="org/other", small="org/small-model").invoke("x")
     assert len(loads) == 2
+
+
+class Answer(BaseModel):
+    """The answer to a sum."""
+
+    answer: int
+    reason: str
+
+
+@pytest.mark.parametrize("method", ["json_schema", "json_mode"])
+def test_structured_output_as_json(tokenizer, method):
+    reply = '{"answer": 5, "reason": "two plus three"}'
+    model = RelayChatModel(engine=chat_engine(tokenizer, reply))
+    structured = model.with_structured_output(Answer, method=method)
+    assert structured.invoke("What is 2 + 3?") == Answer(answer=5, reason="two plus three")
+    raw = model.with_structured_output(Answer, method=method, include_raw=True).invoke("What is 2 + 3?")
+    assert raw["raw"].content == reply and raw["parsing_error"] is None
+    # The "{" prefill is part of the streamed content too.
+    assert aggregate(list(model.bind(response_format={"type": "json_object"}).stream("x"))).content == reply
+
+
+def test_structured_output_by_function_calling(tokenizer):
+    reply = '<tool_call>\n{"name": "Answer", "arguments": {"answer": 5, "reason": "sum"}}\n</tool_call>'
+    model = RelayChatModel(engine=chat_engine(tokenizer, reply))
+    assert model.with_structured_output(Answer).invoke("What is 2 + 3?") == Answer(answer=5, reason="sum")
+    dict_schema = model.with_structured_output(Answer.model_json_schema() | {"title": "Answer"})
+    assert dict_schema.invoke("What is 2 + 3?") == {"answer": 5, "reason": "sum"}

@@ -7,6 +7,7 @@ final parsed result.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,19 +48,44 @@ class ChatRequest:
     settings: dict[str, Any]
 
 
+def json_instruction(response_format: Mapping[str, Any]) -> str:
+    """System-prompt text asking for a bare JSON object (optionally matching a schema)."""
+    schema = response_format.get("schema") or (response_format.get("json_schema") or {}).get("schema")
+    if schema:
+        return "Respond with a single JSON object, and nothing else, that matches this JSON schema:\n" + json.dumps(
+            schema, ensure_ascii=False
+        )
+    return "Respond with a single JSON object and nothing else."
+
+
 def prepare_chat(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: str | Mapping[str, Any] | bool | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    response_format: Mapping[str, Any] | None = None,
     **settings: Any,
 ) -> ChatRequest:
-    """Validates tools and derives the prefill; ``tool_choice="none"`` hides the tools from the model."""
+    """Validates tools and derives the prefill; ``tool_choice="none"`` hides the tools from the model.
+
+    ``response_format`` (OpenAI style: ``{"type": "json_object"}`` or ``{"type": "json_schema", "schema": ...}``)
+    adds a JSON instruction to the system message and prefills ``{`` so the answer starts as JSON.
+    """
     checked = validate_tools(tools) if tools else None
     if tool_choice == "none":
         checked = None
     prefix = forced_prefix(tool_choice, checked) if checked else None
-    return ChatRequest([dict(m) for m in messages], checked, prefix, chat_template_kwargs, settings)
+    chat = [dict(m) for m in messages]
+    if response_format and response_format.get("type") in ("json_object", "json_schema"):
+        instruction = json_instruction(response_format)
+        if chat and chat[0].get("role") == "system":
+            chat[0]["content"] = f"{chat[0].get('content') or ''}\n\n{instruction}".strip()
+        else:
+            chat.insert(0, {"role": "system", "content": instruction})
+        prefix = prefix or "{"
+    elif response_format and response_format.get("type") not in (None, "text"):
+        raise ValueError(f"unsupported response_format type {response_format.get('type')!r}")
+    return ChatRequest(chat, checked, prefix, chat_template_kwargs, settings)
 
 
 class ChatStreamAssembler:
@@ -73,19 +99,25 @@ class ChatStreamAssembler:
     def __init__(self, prefix: str | None) -> None:
         self.parser = ToolCallStreamParser()
         self.parsed = ParsedOutput(content="")
-        for piece in self.parser.feed(prefix or ""):
-            self._collect(piece)
+        # A tool-call prefill only opens a tag (nothing to show); a JSON prefill ("{") is content the model did not
+        # write but the answer starts with, so it is streamed before the first piece.
+        self._prefill: list[str | ToolCall | InvalidToolCall] = list(self.parser.feed(prefix or ""))
+
+    def _take_prefill(self, model: ModelRole | None) -> list[ChatDelta]:
+        pieces, self._prefill = self._prefill, []
+        return [self._piece(p, model, 0) for p in pieces]
 
     def on_event(self, event: StreamEvent) -> list[ChatDelta]:
         from ..engine.spans import FinalEvent, SwitchEvent, TextEvent
 
         if isinstance(event, TextEvent):
-            return [self._piece(p, event.model, event.span_index) for p in self.parser.feed(event.text)]
+            head = self._take_prefill(event.model)
+            return [*head, *(self._piece(p, event.model, event.span_index) for p in self.parser.feed(event.text))]
         if isinstance(event, SwitchEvent):
             return [ChatDelta(model=event.to_model, span_index=event.span_index, switch=event)]
         if isinstance(event, FinalEvent):
             model, index = event.model, max(0, event.span_index)
-            tail = [self._piece(p, model, index) for p in self.parser.finish()]
+            tail = [*self._take_prefill(model), *(self._piece(p, model, index) for p in self.parser.finish())]
             return [*tail, ChatDelta(model=model, span_index=index, result=event.result, parsed=self.parsed)]
         return []
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import Any, Literal
 
 from langchain_core.callbacks import (
@@ -29,12 +30,13 @@ from langchain_core.messages import (
 )
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough, ensure_config
 from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.uuid import uuid7
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..chat.relay_chat import ChatDelta, ChatRequest, astream_chat, prepare_chat, stream_chat
 from ..chat.tool_calls import InvalidToolCall, ToolCall, forced_prefix, validate_tools
@@ -143,6 +145,39 @@ class RelayChatModel(BaseChatModel):
             forced_prefix(tool_choice, formatted)  # fail at bind time on a name that is not bound
         return super().bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
+    def with_structured_output(
+        self,
+        schema: dict | type,
+        *,
+        method: Literal["function_calling", "json_schema", "json_mode"] = "function_calling",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict | BaseModel]:
+        """``function_calling`` forces a tool call with the schema; ``json_schema``/``json_mode`` put the schema (or
+        just "JSON") in the system prompt and prefill ``{`` so the answer is a bare JSON object."""
+        if method == "function_calling":
+            return super().with_structured_output(schema, include_raw=include_raw, **kwargs)
+        if kwargs:
+            raise ValueError(f"Received unsupported arguments {kwargs}")
+        is_model = isinstance(schema, type) and issubclass(schema, BaseModel)
+        if method == "json_schema":
+            response_format = {"type": "json_schema", "schema": convert_to_json_schema(schema)}
+        elif method == "json_mode":
+            response_format = {"type": "json_object"}
+        else:
+            raise ValueError(f"unknown structured output method {method!r}")
+        llm = self.bind(
+            response_format=response_format,
+            ls_structured_output_format={"kwargs": {"method": method}, "schema": schema},
+        )
+        parser: Runnable = PydanticOutputParser(pydantic_object=schema) if is_model else JsonOutputParser()  # type: ignore[arg-type]
+        if not include_raw:
+            return llm | parser
+        parse = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+        fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parse.with_fallbacks([fallback], exception_key="parsing_error")
+
     # -- request building ---------------------------------------------------------------------------------------
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> ChatRequest:
         kwargs = dict(kwargs)
@@ -159,11 +194,14 @@ class RelayChatModel(BaseChatModel):
             "stop": stops or None,
         }
         template_kwargs = kwargs.pop("chat_template_kwargs", self.chat_template_kwargs)
+        response_format = kwargs.pop("response_format", None)
         kwargs.pop("ls_structured_output_format", None)
         kwargs.pop(_RUN_KWARG, None)
         if kwargs:
             raise TypeError(f"RelayChatModel got unsupported call arguments: {sorted(kwargs)}")
-        return prepare_chat(convert_messages(messages), tools, tool_choice, template_kwargs, **settings)
+        return prepare_chat(
+            convert_messages(messages), tools, tool_choice, template_kwargs, response_format, **settings
+        )
 
     # -- LangChain entry points ---------------------------------------------------------------------------------
     def stream(
