@@ -50,8 +50,12 @@ def _cues_arg(value: str) -> str | list[str]:
 
 def _run(args: argparse.Namespace, messages: list[dict[str, str]], console: Console) -> int:
     # Heavy imports (torch, transformers) only once a command really runs: `relaygen models ...` stays instant.
+    from transformers.utils import logging as hf_logging
+
     from .engine import RelayEngine
     from .render import legend, print_stream, stats_line
+
+    hf_logging.disable_progress_bar()  # the per-tensor "Loading weights" bars would drown the coloured answer
 
     with console.status("loading the model pair (first use fetches it) ..."):
         engine = RelayEngine.shared(
@@ -67,7 +71,7 @@ def _run(args: argparse.Namespace, messages: list[dict[str, str]], console: Cons
         return 0
     console.print(legend(engine.large_name, engine.small_name))
     result = print_stream(engine.stream(messages, **settings), console)
-    console.print(stats_line(result))
+    console.print(stats_line(result), soft_wrap=True)
     return 0
 
 

@@ -1,0 +1,133 @@
+"""Reliability on the tiny pair: bad input, concurrency, cancellation, safe loading (fast, no real weights)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+import torch
+from helpers import tiny_qwen2
+
+from relaygen_integrations import RelayEngine
+from relaygen_integrations.engine import GenerationError, ModelLoadError
+from relaygen_integrations.engine.models import load_causal_lm
+from relaygen_integrations.langchain import RelayChatModel
+
+MESSAGES = [{"role": "user", "content": "Count the apples: two and three. So how many?"}]
+
+
+@pytest.fixture(scope="module")
+def engine(tokenizer) -> RelayEngine:
+    large, small = tiny_qwen2(tokenizer, seed=1), tiny_qwen2(tokenizer, seed=2, hidden=32, layers=1)
+    return RelayEngine(large, small, tokenizer, cues=["the", "a", "and"], policy={"min_large_tokens": 1})
+
+
+def prompts(n: int) -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": f"Question number {i}: what is {i} plus {i}?"}] for i in range(n)]
+
+
+async def test_sixteen_concurrent_requests_each_get_their_own_answer(engine):
+    batch = prompts(16)
+    alone = [engine.generate(m, max_new_tokens=12) for m in batch]
+    together = await asyncio.gather(*(engine.agenerate(m, max_new_tokens=12) for m in batch))
+    assert [r.completion_ids for r in together] == [r.completion_ids for r in alone]
+    assert [r.spans for r in together] != [] and all(r.finish_reason in ("stop", "length") for r in together)
+
+
+async def test_sixteen_concurrent_langchain_ainvokes(engine):
+    model = RelayChatModel(engine=engine, max_tokens=10)
+    batch = [m[0]["content"] for m in prompts(16)]
+    alone = [model.invoke(q).content for q in batch]
+    together = await asyncio.gather(*(model.ainvoke(q) for q in batch))
+    assert [m.content for m in together] == alone
+
+
+def test_threads_share_one_engine_safely(engine):
+    batch = prompts(6)
+    alone = [engine.generate(m, max_new_tokens=10).completion_ids for m in batch]
+    results: dict[int, list[int]] = {}
+
+    def work(i: int) -> None:
+        results[i] = engine.generate(batch[i], max_new_tokens=10).completion_ids
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(batch))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert [results[i] for i in range(len(batch))] == alone
+
+
+def test_cancel_stops_within_one_decode_step(engine):
+    cancel = threading.Event()
+    stream = engine.stream(MESSAGES, max_new_tokens=500, cancel=cancel)
+    for count, event in enumerate(stream, start=1):
+        if count == 3:
+            passes_at_cancel = sum(r.stats.forward_passes for r in engine.runners.values())
+            cancel.set()
+        if hasattr(event, "result"):
+            result = event.result
+    passes_after = sum(r.stats.forward_passes for r in engine.runners.values())
+    assert result.finish_reason == "cancelled"
+    assert passes_after - passes_at_cancel <= 1
+    # The next request starts from consistent caches and gives the answer a fresh engine would.
+    fresh = RelayEngine(
+        engine.runners["large"].model, engine.runners["small"].model, engine.tokenizer, cues=engine.cues,
+        policy=engine.policy_config, reuse_prefix=False,
+    )  # fmt: skip
+    assert (
+        engine.generate(MESSAGES, max_new_tokens=15).completion_ids
+        == fresh.generate(MESSAGES, max_new_tokens=15).completion_ids
+    )
+
+
+async def test_cancelled_langchain_call_leaves_the_model_usable(engine):
+    model = RelayChatModel(engine=engine, max_tokens=15)
+    expected = model.invoke("Count the apples").content
+    task = asyncio.create_task(model.ainvoke("Count the apples", max_tokens=2000))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await model.ainvoke("Count the apples")).content == expected
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        ({"max_tokens": 0}, "max_new_tokens must be a positive integer"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"stop": ["\ud800"]}, "not valid UTF-8"),
+    ],
+)
+def test_langchain_surfaces_bad_settings_as_exceptions(engine, call, message):
+    with pytest.raises(GenerationError, match=message):
+        RelayChatModel(engine=engine).invoke("hello", **call)
+
+
+def test_langchain_prompt_too_long_names_the_numbers(engine):
+    with pytest.raises(GenerationError, match=r"prompt has \d+ tokens but the context window is 2048"):
+        RelayChatModel(engine=engine).invoke("word " * 3000)
+
+
+def test_missing_or_corrupt_model_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="could not load"):
+        load_causal_lm(str(tmp_path / "missing"), torch.float32, torch.device("cpu"))
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text("{ this is not json")
+    with pytest.raises(ModelLoadError, match="could not load"):
+        load_causal_lm(str(corrupt), torch.float32, torch.device("cpu"))
+
+
+def test_pickle_checkpoints_are_refused_unless_allowed(tmp_path, tokenizer):
+    model = tiny_qwen2(tokenizer, seed=3, hidden=32, layers=1)
+    model.config.save_pretrained(tmp_path)
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match="could not load"):
+        load_causal_lm(str(tmp_path), torch.float32, torch.device("cpu"))
+    loaded = load_causal_lm(str(tmp_path), torch.float32, torch.device("cpu"), allow_pickle=True)
+    assert json.loads(loaded.config.to_json_string())["hidden_size"] == 32
