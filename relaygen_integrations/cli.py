@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relaygen_integrations import models_registry as registry
+from relaygen_integrations.cli_bench import add_bench_parser
 from relaygen_integrations.cli_generate import add_demo_parser, add_generate_parser
 
 __all__ = ["build_parser", "main"]
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_models_parser(sub)
     add_generate_parser(sub)
     add_demo_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 

@@ -247,3 +247,18 @@ def test_empty_cue_list_is_large_only(tokenizer):
     engine, _, small = scripted_engine(tokenizer, BASIC, cues=[])
     result = engine.generate(PROMPT, max_new_tokens=100)
     assert result.text == BASIC and small.fed == []
+
+
+def test_reprefill_segments_rereads_everything_at_each_switch(tokenizer):
+    engine, large, small = scripted_engine(tokenizer, BASIC)
+    cached = engine.generate(PROMPT, max_new_tokens=100)
+    large.fed.clear()
+    small.fed.clear()
+    reprompted = engine.generate(PROMPT, max_new_tokens=100, reprefill_segments=True)
+    assert reprompted.text == cached.text and reprompted.spans[1].trigger == cached.spans[1].trigger
+    prompt = reprompted.usage.prompt_tokens
+    first_large = reprompted.spans[0].token_count
+    # The large model re-reads prompt + everything written when it takes over again (no catch-up from its cache).
+    assert large.fed[0] == prompt
+    assert prompt + first_large + reprompted.spans[1].token_count in large.fed
+    assert small.fed[0] == prompt + first_large

@@ -47,6 +47,7 @@ class GenerationPlan:
     sampling: SamplingParams
     stop: tuple[str, ...]
     mode: Mode
+    reprefill_segments: bool = False
 
 
 class _Failure:
@@ -165,6 +166,7 @@ class RelayEngine:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         mode: Mode = "relay",
+        reprefill_segments: bool = False,
     ) -> GenerationPlan:
         """Validates every setting before any model work starts, so a bad request leaves nothing half-done."""
         if mode not in MODES:
@@ -193,7 +195,7 @@ class RelayEngine:
             raise GenerationError(
                 f"the prompt has {len(ids)} tokens but the context window is {self.context_window} tokens"
             )
-        return GenerationPlan(ids, min(max_new_tokens, room), sampling, stops, mode)
+        return GenerationPlan(ids, min(max_new_tokens, room), sampling, stops, mode, reprefill_segments)
 
     # -- running ------------------------------------------------------------------------------------------------
     def run_plan(self, plan: GenerationPlan, cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
@@ -213,7 +215,8 @@ class RelayEngine:
                 self.eos_ids,
                 plan.stop,
                 cancel,
-                self.reuse_prefix,
+                self.reuse_prefix and not plan.reprefill_segments,
+                plan.reprefill_segments,
             )
 
     def stream_ids(

@@ -99,9 +99,14 @@ def relay_stream(
     stop: Sequence[str] = (),
     cancel: threading.Event | None = None,
     reuse_prefix: bool = True,
+    reprefill_segments: bool = False,
 ) -> Iterator[StreamEvent]:
     """Generates up to ``max_new_tokens`` kept tokens; yields TextEvent/SwitchEvent as text becomes final, then one
-    FinalEvent. Closing the iterator early stops generation after the current step with both caches consistent."""
+    FinalEvent. Closing the iterator early stops generation after the current step with both caches consistent.
+
+    ``reprefill_segments`` emulates RelayGen's original serving (each segment a fresh API call without prefix
+    caching): the model taking over forgets its cache and re-reads prompt + text so far. A baseline, never faster.
+    """
     started = time.perf_counter()
     prompt_len = len(prompt_ids)
     ids = list(prompt_ids)
@@ -142,6 +147,8 @@ def relay_stream(
                 detok.pop(before)
                 rolled_back += 1
             if decision.action != "continue":
+                if reprefill_segments:
+                    runners[decision.to_model].reset()  # type: ignore[index]
                 now = time.perf_counter()
                 segments[-1].closed = now
                 segments.append(Segment(decision.to_model, decision.trigger, len(owners), len(detok.text), now))  # type: ignore[arg-type]

@@ -1,0 +1,46 @@
+"""`relaygen bench`: every mode side by side on GSM8K, in one interleaved run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="benchmark relay against large/small/reprompt/hf-large/assisted")
+    parser.add_argument("--data", type=Path, default=None, help="GSM8K jsonl (default: the five shipped problems)")
+    parser.add_argument("--n", type=int, default=20, help="number of problems")
+    parser.add_argument("--modes", default="large,small,relay,reprompt,hf-large,assisted")
+    parser.add_argument("--large", default="demo")
+    parser.add_argument("--small", default="demo")
+    parser.add_argument("--cues", default="auto")
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--max-new-tokens", type=int, default=768)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/latest"))
+    parser.add_argument("--quick", action="store_true", help="smoke test: 2 problems, 48 tokens, every mode")
+    parser.set_defaults(func=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from .bench import BenchConfig, run_benchmark
+
+    console = Console()
+    config = BenchConfig(
+        data=args.data,
+        n=2 if args.quick else args.n,
+        modes=[m.strip() for m in args.modes.split(",") if m.strip()],
+        large=args.large,
+        small=args.small,
+        cues=[c for c in args.cues.split(",") if c] if "," in args.cues else args.cues,
+        dtype=args.dtype,
+        max_new_tokens=48 if args.quick else args.max_new_tokens,
+        temperature=args.temperature,
+        out=args.out,
+    )
+    run_benchmark(config, console)
+    console.print((config.out / "report.md").read_text())
+    console.print(f"wrote {config.out}/results.json, report.md, speed_accuracy.png, traces.html")
+    return 0

@@ -1,0 +1,71 @@
+"""Benchmark harness: grading, summary maths, outputs (fast), and `relaygen bench --quick` on the real pair."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import chat_engine
+
+from relaygen_integrations.bench import BenchConfig, Run, answers_match, extract_answer, run_benchmark, summarize
+from relaygen_integrations.cli import main
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so the answer is \\boxed{18}.", "18"),
+        ("\\boxed{1,250} dollars, not 3", "1250"),
+        ("first \\boxed{3} then \\boxed{\\frac{1}{2} = 7}", "1"),
+        ("Total: 12 apples.\n#### 42", "42"),
+        ("She pays $3.50 and then $4.25", "4.25"),
+        ("no number here", None),
+    ],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_answers_match_numerically():
+    assert answers_match("18.0", "18") and answers_match("1250", "1,250")
+    assert not answers_match(None, "3") and not answers_match("2", "3")
+
+
+def run(mode: str, seconds: float, tokens: int, small: int = 0, correct: bool = True) -> Run:
+    return Run(0, mode, seconds, tokens, "stop", "", "1", "1", correct, small_tokens=small, switches=2 if small else 0)
+
+
+def test_summary_computes_ideal_and_measured_speedups():
+    runs = [run("large", 10.0, 100), run("small", 4.0, 100), run("relay", 8.0, 100, small=30, correct=False)]
+    summary = summarize(runs, ["large", "small", "relay"])
+    relay = summary["relay"]
+    assert relay["r"] == pytest.approx(0.4)
+    assert relay["small_share"] == pytest.approx(0.3)
+    assert relay["ideal_speedup"] == pytest.approx(1 / (0.7 + 0.3 * 0.4))
+    assert relay["measured_speedup"] == pytest.approx(1.25)
+    assert relay["efficiency"] == pytest.approx(1.25 * (0.7 + 0.3 * 0.4))
+    assert relay["accuracy"] == 0.0 and summary["large"]["accuracy"] == 1.0
+
+
+def test_benchmark_writes_every_output(tmp_path, tokenizer):
+    engine = chat_engine(tokenizer, "We add them. So the total is 18. Thus \\boxed{18}.", cues=["So "])
+    config = BenchConfig(n=2, modes=["large", "small", "relay", "reprompt"], max_new_tokens=60, out=tmp_path)
+    report = run_benchmark(config, engine=engine)
+    assert {r["mode"] for r in report["runs"]} == {"large", "small", "relay", "reprompt"}
+    assert report["summary"]["large"]["accuracy"] == 0.5  # problem 1's answer is 18, problem 2's is 3
+    assert report["summary"]["relay"]["small_share"] > 0
+    for name in ("results.json", "report.md", "speed_accuracy.png", "traces.html"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "class='small'" in (tmp_path / "traces.html").read_text()
+    assert json.loads((tmp_path / "results.json").read_text())["machine"]["cores"] >= 1
+
+
+@pytest.mark.real_pair
+def test_bench_quick_runs_every_mode_on_the_demo_pair(tmp_path):
+    assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    modes = {"large", "small", "relay", "reprompt", "hf-large", "assisted"}
+    assert {r["mode"] for r in report["runs"]} == modes and len(report["runs"]) == 12
+    assert all(r["completion_tokens"] > 0 for r in report["runs"])
+    assert all(r["finish_reason"] == "length" for r in report["runs"])  # 48 tokens never finish a GSM8K answer
+    assert "| relay |" in (tmp_path / "report.md").read_text()
