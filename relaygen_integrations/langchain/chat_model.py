@@ -225,31 +225,22 @@ class RelayChatModel(BaseChatModel):
         finally:
             _STREAM_RUNS.pop(token, None)
 
-    def _stream_run_manager(self, kwargs: dict[str, Any]) -> CallbackManagerForLLMRun | None:
-        """Rebuilds the run manager of a stream()/astream() call from its registered config."""
+    def _stream_run_manager(self, kwargs: dict[str, Any], is_async: bool = False) -> Any:
+        """Rebuilds the run manager of a stream()/astream() call from the config registered under its run id."""
         token = kwargs.pop(_RUN_KWARG, None)
         config = _STREAM_RUNS.get(token) if token else None
         if config is None:
             return None
-        manager = CallbackManager.configure(
+        manager_cls, run_cls = (
+            (AsyncCallbackManager, AsyncCallbackManagerForLLMRun)
+            if is_async
+            else (CallbackManager, CallbackManagerForLLMRun)
+        )
+        manager = manager_cls.configure(
             config.get("callbacks"), self.callbacks, self.verbose, config.get("tags"), self.tags,
             config.get("metadata"), self.metadata,
         )  # fmt: skip
-        return CallbackManagerForLLMRun(
-            run_id=config["run_id"], handlers=manager.handlers, inheritable_handlers=manager.inheritable_handlers,
-            parent_run_id=manager.parent_run_id, tags=manager.tags, metadata=manager.metadata,
-        )  # fmt: skip
-
-    def _astream_run_manager(self, kwargs: dict[str, Any]) -> AsyncCallbackManagerForLLMRun | None:
-        token = kwargs.pop(_RUN_KWARG, None)
-        config = _STREAM_RUNS.get(token) if token else None
-        if config is None:
-            return None
-        manager = AsyncCallbackManager.configure(
-            config.get("callbacks"), self.callbacks, self.verbose, config.get("tags"), self.tags,
-            config.get("metadata"), self.metadata,
-        )  # fmt: skip
-        return AsyncCallbackManagerForLLMRun(
+        return run_cls(
             run_id=config["run_id"], handlers=manager.handlers, inheritable_handlers=manager.inheritable_handlers,
             parent_run_id=manager.parent_run_id, tags=manager.tags, metadata=manager.metadata,
         )  # fmt: skip
@@ -310,7 +301,7 @@ class RelayChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        events_manager = run_manager or self._astream_run_manager(kwargs)
+        events_manager = run_manager or self._stream_run_manager(kwargs, is_async=True)
         request = self._request(messages, stop, kwargs)
         chunks = self._achunks(
             astream_chat(self.engine, request), events_manager, report_tokens=run_manager is not None
