@@ -17,6 +17,7 @@ from rich.table import Table
 
 from relaygen_integrations import models_registry as registry
 from relaygen_integrations.cli_bench import add_bench_parser
+from relaygen_integrations.cli_calibrate import add_calibrate_parser
 from relaygen_integrations.cli_generate import add_demo_parser, add_generate_parser
 
 __all__ = ["build_parser", "main"]
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(sub)
     add_demo_parser(sub)
     add_bench_parser(sub)
+    add_calibrate_parser(sub)
     return parser
 
 

@@ -1,0 +1,96 @@
+"""Cue calibration: margins against a hand-computed case, cue matching, pooling, profile round trip."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from relaygen_integrations.engine import resolve_cues
+from relaygen_integrations.engine.calibrate import (
+    Trace,
+    calibrate,
+    cue_occurrences,
+    plot_margins,
+    sentence_end,
+    token_margins,
+    trace_candidates,
+    write_profile,
+)
+
+
+class FixedLogits(torch.nn.Module):
+    """Returns the same hand-chosen logits at every position."""
+
+    def __init__(self, logits: list[float]) -> None:
+        super().__init__()
+        self.logits = torch.tensor(logits)
+        self.anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.anchor.device
+
+    def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(logits=self.logits.expand(1, input_ids.shape[1], -1))
+
+
+def test_margin_matches_a_hand_computed_case():
+    # softmax([ln 6, ln 3, ln 1]) = [0.6, 0.3, 0.1] -> margin 0.3 at every predicting position.
+    model = FixedLogits([math.log(6), math.log(3), math.log(1)])
+    margins = token_margins(model, prompt_ids=[0, 1], completion_ids=[2, 0, 1])
+    assert margins == pytest.approx([0.3, 0.3, 0.3])
+    assert token_margins(model, [0], []) == []
+
+
+def test_cue_occurrences_respect_word_boundaries():
+    text = "Also so. So the sum is 5. Sometimes So, yes. So"
+    first, comma = text.index("So the"), text.index("So,")
+    assert list(cue_occurrences(text, "So")) == [first + 2, comma + 2, len(text)]
+    assert list(cue_occurrences(text, "So,")) == [comma + 3]
+
+
+def test_sentence_end_uses_the_policy_rules():
+    text = " the value is 3.14 and e.g. more. Next one."
+    assert text[: sentence_end(text, 0)] == " the value is 3.14 and e.g. more."
+    assert sentence_end("no end here", 0) == len("no end here")
+
+
+def test_calibration_pools_the_sentence_after_each_cue(tokenizer):
+    text = "We add. So the sum is 5. We stop. So it ends. Then done."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    # Hand-marked: the two sentences after "So" (" the sum is 5." and " it ends.") get margin 0.9, the rest 0.1.
+    inside = [(text.index(" the"), text.index("5.") + 2), (text.index(" it"), text.index("ends.") + 5)]
+    margins, offset = [], 0
+    for token in ids:
+        margins.append(0.9 if any(a <= offset < b for a, b in inside) else 0.1)
+        offset += len(tokenizer.decode([token]))
+    result = calibrate([Trace([1], ids, text)], [margins], tokenizer, ["So", "Then", "We"], min_occurrences=2)
+    rows = {row.cue: row for row in result.table}
+    assert rows["So"].occurrences == 2 and rows["So"].mean_margin == pytest.approx(0.9)
+    assert rows["So"].delta == pytest.approx(0.9 - sum(margins) / len(margins))
+    assert rows["We"].occurrences == 2 and rows["We"].delta < 0
+    assert not rows["Then"].selected  # one occurrence: below min_occurrences
+    assert result.selected == ["So"]
+
+
+def test_trace_candidates_propose_openers():
+    texts = ["Step 1: add. Next, we add. Next, we sum.\n1. one\n2. two\nStep 2: go. Next, go."] * 2
+    found = trace_candidates(texts, min_count=3)
+    assert "Next," in found and "Step" in found and "We" not in found
+    assert "1." in trace_candidates(texts, min_count=2)
+
+
+def test_profile_round_trip(tmp_path, tokenizer):
+    text = "We add. So the sum is 5. So it ends. So yes."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    result = calibrate([Trace([1], ids, text)], [[0.5] * len(ids)], tokenizer, ["So"], threshold=-1.0)
+    path = tmp_path / "pair.json"
+    profile = write_profile(path, result, {"large": "a", "small": "b", "tokenizer_hash": "x"}, {"n": 1})
+    assert json.loads(path.read_text())["selected_cues"] == profile["selected_cues"] == ["So"]
+    assert resolve_cues(str(path)).cues == ("So",)
+    plot_margins(tmp_path / "pair.png", result)
+    assert (tmp_path / "pair.png").stat().st_size > 0
