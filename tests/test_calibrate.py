@@ -94,3 +94,29 @@ def test_profile_round_trip(tmp_path, tokenizer):
     assert resolve_cues(str(path)).cues == ("So",)
     plot_margins(tmp_path / "pair.png", result)
     assert (tmp_path / "pair.png").stat().st_size > 0
+
+
+@pytest.mark.real_pair
+def test_calibrate_command_on_the_demo_pair(tmp_path):
+    from pathlib import Path
+
+    from relaygen_integrations.cli import main
+
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train_calib.jsonl"
+    data = (
+        shared
+        if shared.exists()
+        else Path(__file__).resolve().parents[1] / "relaygen_integrations/data/gsm8k_demo.jsonl"
+    )
+    out = tmp_path / "demo.json"
+    traces = tmp_path / "traces.jsonl"
+    args = ["calibrate", "--data", str(data), "--n", "2", "--max-new-tokens", "48", "--min-occurrences", "1",
+            "--traces", str(traces), "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    profile = json.loads(out.read_text())
+    assert profile["settings"]["n"] == 2 and profile["total_tokens"] > 0
+    assert 0.0 < profile["overall_mean_margin"] < 1.0
+    assert any(row["occurrences"] for row in profile["table"])
+    assert len(traces.read_text().splitlines()) == 2 and out.with_suffix(".png").exists()
+    # A second run reuses the saved traces (no large-model generation) and selects the same cues.
+    assert main(args) == 0 and json.loads(out.read_text())["selected_cues"] == profile["selected_cues"]
