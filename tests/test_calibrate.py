@@ -116,7 +116,9 @@ def test_calibrate_command_on_the_demo_pair(tmp_path):
     profile = json.loads(out.read_text())
     assert profile["settings"]["n"] == 2 and profile["total_tokens"] > 0
     assert 0.0 < profile["overall_mean_margin"] < 1.0
-    assert any(row["occurrences"] for row in profile["table"])
+    from relaygen_integrations.engine.cues import PAPER_CANDIDATES
+
+    assert {row["cue"] for row in profile["table"]} >= set(PAPER_CANDIDATES)
     assert len(traces.read_text().splitlines()) == 2 and out.with_suffix(".png").exists()
     # A second run reuses the saved traces (no large-model generation) and selects the same cues.
     assert main(args) == 0 and json.loads(out.read_text())["selected_cues"] == profile["selected_cues"]
