@@ -68,7 +68,7 @@ def test_stream_parser_never_leaks_half_a_tag():
 def test_forced_prefixes():
     tools = [WEATHER]
     assert forced_prefix(None, tools) is None and forced_prefix("auto", tools) is None
-    assert forced_prefix("any", tools) == "<tool_call>\n" == forced_prefix("required", tools)
+    assert forced_prefix("any", tools) == '<tool_call>\n{"name": "' == forced_prefix("required", tools)
     assert forced_prefix("get_weather", tools) == '<tool_call>\n{"name": "get_weather", "arguments": '
     assert forced_prefix({"type": "function", "function": {"name": "get_weather"}}, tools).endswith('"arguments": ')
     with pytest.raises(ToolSchemaError, match="names no bound tool"):

@@ -166,7 +166,7 @@ def tool_names(tools: Sequence[Mapping[str, Any]]) -> list[str]:
 def forced_prefix(tool_choice: str | Mapping[str, Any] | None, tools: Sequence[Mapping[str, Any]]) -> str | None:
     """The assistant-turn prefill that enforces a tool choice.
 
-    ``"any"``/``"required"`` (or a single tool with ``True``) opens a tool call; a tool name (or an OpenAI
+    ``"any"``/``"required"`` (or ``True``) opens a tool call up to the name; a tool name (or an OpenAI
     ``{"type": "function", "function": {"name": ...}}`` dict) also writes the name, so only arguments remain free.
     ``None``/``"auto"``/``"none"`` prefill nothing.
     """
@@ -174,7 +174,10 @@ def forced_prefix(tool_choice: str | Mapping[str, Any] | None, tools: Sequence[M
         return None
     names = tool_names(tools)
     if tool_choice in ("any", "required", True):
-        return f"{OPEN_TAG}\n"
+        # Not just the tag: measured on the demo pair, after a bare "<tool_call>\n" prefill Qwen2.5-Coder-1.5B puts
+        # 0.996 on <|endoftext|> (no call at all); after '<tool_call>\n{"name": "' it writes a tool name, p > 0.99.
+        return f'{OPEN_TAG}\n{{"name": "'
+
     if isinstance(tool_choice, Mapping):
         tool_choice = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
     if not isinstance(tool_choice, str) or tool_choice not in names:
