@@ -175,9 +175,7 @@ def relay_stream(
         kept = sum(1 for j in range(len(token_ends)) if (token_ends[j - 1] if j else 0) < stop_at)
         while len(segments) > 1 and segments[-1].char_start >= stop_at:
             segments.pop()
-    ended = time.perf_counter()
-    if segments[-1].closed is None or stop_at is not None:
-        segments[-1].closed = ended
+    ended = segments[-1].closed = time.perf_counter()
     yield from emitter.release(text, len(text), final=True)
 
     spans = build_spans(segments, text, kept)
