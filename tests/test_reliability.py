@@ -131,3 +131,53 @@ def test_pickle_checkpoints_are_refused_unless_allowed(tmp_path, tokenizer):
         load_causal_lm(str(tmp_path), torch.float32, torch.device("cpu"))
     loaded = load_causal_lm(str(tmp_path), torch.float32, torch.device("cpu"), allow_pickle=True)
     assert json.loads(loaded.config.to_json_string())["hidden_size"] == 32
+
+
+async def test_sixteen_concurrent_llama_index_achats(engine):
+    from llama_index.core.base.llms.types import ChatMessage
+
+    from relaygen_integrations.llama_index import RelayLLM
+
+    llm = RelayLLM(engine=engine, max_tokens=10)
+    batch = [[ChatMessage(role="user", content=m[0]["content"])] for m in prompts(16)]
+    alone = [llm.chat(messages).message.content for messages in batch]
+    together = await asyncio.gather(*(llm.achat(messages) for messages in batch))
+    assert [r.message.content for r in together] == alone
+
+
+async def test_cancelled_llama_index_call_leaves_the_llm_usable(engine):
+    from relaygen_integrations.llama_index import RelayLLM
+
+    llm = RelayLLM(engine=engine, max_tokens=15)
+    expected = llm.complete("Count the apples").text
+    task = asyncio.create_task(llm.acomplete("Count the apples", max_tokens=2000))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await llm.acomplete("Count the apples")).text == expected
+
+
+def test_llama_index_surfaces_bad_settings_as_exceptions(engine):
+    from relaygen_integrations.llama_index import RelayLLM
+
+    with pytest.raises(GenerationError, match="temperature"):
+        RelayLLM(engine=engine).complete("hello", temperature=-1.0)
+    with pytest.raises(GenerationError, match="context window"):
+        RelayLLM(engine=engine).complete("word " * 3000)
+
+
+def test_auto_and_resolved_settings_share_one_engine(monkeypatch, engine):
+    loads = []
+
+    def fake(cls, large="demo", small="demo", **kwargs):
+        loads.append(kwargs)
+        return engine
+
+    monkeypatch.setattr(RelayEngine, "from_pretrained", classmethod(fake))
+    monkeypatch.setattr("relaygen_integrations.engine.engine._SHARED_ENGINES", {})
+    first = RelayEngine.shared("org/a", "org/b", dtype="auto", device="auto")
+    assert RelayEngine.shared("org/a", "org/b", dtype="bf16", device="cpu") is first
+    assert RelayEngine.shared("org/a", "org/b") is first and len(loads) == 1
+    RelayEngine.shared("org/a", "org/b", dtype="fp32")
+    assert len(loads) == 2

@@ -138,7 +138,10 @@ class RelayEngine:
     def shared(cls, large: str = "demo", small: str = "demo", **kwargs: Any) -> RelayEngine:
         """One engine (one copy of the weights) per distinct configuration, loaded on first use; adapters use this
         so two chat models built with the same settings share everything."""
-        key = (large, small, *sorted((k, repr(v)) for k, v in kwargs.items()))
+        # "auto" and what it resolves to must share one copy of the weights.
+        resolved = dict(kwargs, device=pick_device(kwargs.get("device", "auto")))
+        resolved["dtype"] = pick_dtype(kwargs.get("dtype", "auto"), resolved["device"])
+        key = (large, small, *sorted((k, repr(v)) for k, v in resolved.items()))
         with _SHARED_LOCK:
             engine = _SHARED_ENGINES.get(key)
             if engine is None:
