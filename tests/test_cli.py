@@ -1,0 +1,49 @@
+"""`relaygen generate` / `relaygen demo` on a scripted engine (the CLI wiring, JSON output, coloured stream)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import chat_engine
+
+from relaygen_integrations import RelayEngine
+from relaygen_integrations.cli import main
+
+REPLY = "We add two and three. So the answer is five. Then we are done."
+
+
+@pytest.fixture
+def scripted(monkeypatch, tokenizer):
+    engine = chat_engine(tokenizer, REPLY, cues=["So "])
+    calls = []
+
+    def shared(cls, large="demo", small="demo", **kwargs):
+        calls.append((large, small, kwargs))
+        return engine
+
+    monkeypatch.setattr(RelayEngine, "shared", classmethod(shared))
+    return calls
+
+
+def test_generate_json(scripted, capsys):
+    assert main(["generate", "Add two and three.", "--json", "--max-new-tokens", "100", "--cues", "So ,Thus"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] == "We add two and three. So THE ANSWER IS FIVE. Then we are done."
+    assert [s["model"] for s in out["spans"]] == ["large", "small", "large"]
+    assert out["usage"]["switches"] == 2 and out["finish_reason"] == "stop"
+    assert scripted[0][2]["cues"] == ["So ", "Thus"]
+
+
+def test_generate_streams_text_and_a_stats_line(scripted, capsys):
+    assert main(["generate", "Add two and three.", "--max-new-tokens", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "We add two and three. So THE ANSWER IS FIVE. Then we are done." in out
+    assert "switches 2" in out and "small" in out
+
+
+def test_demo_runs_a_gsm8k_question_and_checks_the_index(scripted, capsys):
+    assert main(["demo", "--max-new-tokens", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "Janet" in out and "reference: 18" in out and "switches 2" in out
+    assert main(["demo", "--index", "99"]) == 2
