@@ -1,5 +1,5 @@
 # The two commands a newcomer runs: `make demo` and `make test`. Both set everything up on a fresh machine.
-.PHONY: setup models demo test test-fast lint bench-engine
+.PHONY: setup models demo test test-fast lint bench-engine bench-langchain
 
 VENV := .venv/bin
 
@@ -26,3 +26,6 @@ lint: setup
 
 bench-engine: models
 	@$(VENV)/python benchmarks/engine_overhead.py
+
+bench-langchain: models
+	@$(VENV)/python benchmarks/langchain_overhead.py

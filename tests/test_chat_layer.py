@@ -69,8 +69,8 @@ def test_forced_prefixes():
     tools = [WEATHER]
     assert forced_prefix(None, tools) is None and forced_prefix("auto", tools) is None
     assert forced_prefix("any", tools) == '<tool_call>\n{"name": "' == forced_prefix("required", tools)
-    assert forced_prefix("get_weather", tools) == '<tool_call>\n{"name": "get_weather", "arguments": '
-    assert forced_prefix({"type": "function", "function": {"name": "get_weather"}}, tools).endswith('"arguments": ')
+    assert forced_prefix("get_weather", tools) == '<tool_call>\n{"name": "get_weather", "arguments": {'
+    assert forced_prefix({"type": "function", "function": {"name": "get_weather"}}, tools).endswith('"arguments": {')
     with pytest.raises(ToolSchemaError, match="names no bound tool"):
         forced_prefix("nope", tools)
 

@@ -246,3 +246,37 @@ def test_structured_output_by_function_calling(tokenizer):
     assert model.with_structured_output(Answer).invoke("What is 2 + 3?") == Answer(answer=5, reason="sum")
     dict_schema = model.with_structured_output(Answer.model_json_schema() | {"title": "Answer"})
     assert dict_schema.invoke("What is 2 + 3?") == {"answer": 5, "reason": "sum"}
+
+
+@pytest.mark.parametrize(
+    ("choice", "prefix"),
+    [
+        ("any", '<tool_call>\n{"name": "'),
+        ("multiply", '<tool_call>\n{"name": "multiply", "arguments": {'),
+        ("auto", None),
+    ],
+)
+def test_forced_call_prefill_runs_into_the_json(tokenizer, choice, prefix):
+    # The 1.5B demo model stops at once after a bare "<tool_call>\n" and writes a bare number as the arguments of a
+    # call forced by name: the prefill runs on into the call's JSON (the name, or the arguments' opening brace).
+    model = RelayChatModel(engine=chat_engine(tokenizer, CALL))
+    tools = model.bind_tools([multiply]).kwargs["tools"]
+    request = model._request([HumanMessage("What is 6 times 7?")], None, {"tools": tools, "tool_choice": choice})
+    assert request.prefix == prefix
+    if prefix is not None:
+        message = model.bind_tools([multiply], tool_choice=choice).invoke("What is 6 times 7?")
+        assert [(c["name"], c["args"]) for c in message.tool_calls] == [("multiply", {"a": 6, "b": 7})]
+
+
+def test_tool_use_blocks_in_ai_content_are_skipped():
+    call = {"name": "multiply", "args": {"a": 6, "b": 7}, "id": "call_1"}
+    ai = AIMessage(
+        [{"type": "text", "text": "Let me multiply."}, {"type": "tool_use", "id": "call_1", "name": "multiply",
+         "input": {"a": 6, "b": 7}}],
+        tool_calls=[call],
+    )  # fmt: skip
+    converted = convert_messages([HumanMessage("6 * 7?"), ai, ToolMessage("42", tool_call_id="call_1")])
+    assert converted[1]["content"] == "Let me multiply."
+    assert converted[1]["tool_calls"][0]["function"] == {"name": "multiply", "arguments": {"a": 6, "b": 7}}
+    with pytest.raises(ValueError, match="text only"):  # a user's image is still refused
+        convert_messages([HumanMessage([{"type": "image", "url": "https://example.com/x.png"}])])

@@ -182,7 +182,8 @@ def forced_prefix(tool_choice: str | Mapping[str, Any] | None, tools: Sequence[M
         tool_choice = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
     if not isinstance(tool_choice, str) or tool_choice not in names:
         raise ToolSchemaError(f"tool_choice {tool_choice!r} names no bound tool; bound tools: {names}")
-    return f'{OPEN_TAG}\n{{"name": {json.dumps(tool_choice)}, "arguments": '
+    # Opening the arguments object too: after a bare '"arguments": ' the 1.5B demo model wrote `42` (not an object).
+    return f'{OPEN_TAG}\n{{"name": {json.dumps(tool_choice)}, "arguments": {{'
 
 
 def assistant_tool_calls_for_template(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:

@@ -343,6 +343,12 @@ class RelayChatModel(BaseChatModel):
 
 
 # -- message conversion (LangChain -> chat-template dicts) ----------------------------------------------------------
+# Content blocks that restate what AIMessage.tool_calls carries (rendered from there) or a provider's hidden reasoning.
+_SKIPPED_AI_BLOCKS = frozenset(
+    {"tool_use", "tool_call", "tool_call_chunk", "function_call", "server_tool_call", "reasoning", "thinking"}
+)
+
+
 def _text_content(message: BaseMessage) -> str:
     content = message.content
     if isinstance(content, str):
@@ -353,6 +359,8 @@ def _text_content(message: BaseMessage) -> str:
             parts.append(block)
         elif isinstance(block, Mapping) and block.get("type") == "text":
             parts.append(str(block.get("text", "")))
+        elif isinstance(message, AIMessage) and isinstance(block, Mapping) and block.get("type") in _SKIPPED_AI_BLOCKS:
+            continue
         else:
             kind = block.get("type") if isinstance(block, Mapping) else type(block).__name__
             raise ValueError(

@@ -1,0 +1,110 @@
+"""LangChain's standard integration suite for chat models, run against RelayChatModel on the real demo pair.
+
+Every model call here really generates (Qwen2.5-Coder 1.5B + 0.5B, bf16, CPU), so the budget is small: 64 new tokens
+per call. All instances share one engine (``RelayEngine.shared``), loaded by the first test. Measured: 39 passed,
+11 skipped (image/audio/PDF inputs, model override, VCR), 3 expected failures (below, each with what was measured).
+"""
+
+from __future__ import annotations
+
+import pytest
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+
+from relaygen_integrations.langchain import RelayChatModel
+from relaygen_integrations.models_registry import pair_paths
+
+pytestmark = pytest.mark.real_pair
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _demo_pair_is_cached() -> None:
+    if pair_paths("demo") is None:
+        pytest.fail("the demo pair is not cached: run `relaygen models fetch demo` (make test does this first)")
+
+
+class TestRelayChatModelIntegration(ChatModelIntegrationTests):
+    @property
+    def chat_model_class(self) -> type[RelayChatModel]:
+        return RelayChatModel
+
+    @property
+    def chat_model_params(self) -> dict:
+        return {"large": "demo", "small": "demo", "max_tokens": 64, "temperature": 0.0}
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return True
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True  # "any"/"required"/a tool name: enforced by prefilling the call's opening
+
+    @property
+    def has_structured_output(self) -> bool:
+        return True
+
+    @property
+    def structured_output_kwargs(self) -> dict:
+        return {}  # function_calling (a forced tool call); json_schema / json_mode are covered by test_json_mode
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+    @property
+    def supports_image_inputs(self) -> bool:
+        return False  # a text-only model pair
+
+    @property
+    def supports_image_urls(self) -> bool:
+        return False
+
+    @property
+    def supports_pdf_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_audio_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_image_tool_message(self) -> bool:
+        return False
+
+    @property
+    def supports_pdf_tool_message(self) -> bool:
+        return False
+
+    @property
+    def supports_anthropic_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_model_override(self) -> bool:
+        return False  # the model pair is fixed per engine; a per-call `model=` is rejected
+
+    # -- measured limits of the 1.5B model (each reason says what was measured on the demo pair) --------------------
+    @pytest.mark.xfail(
+        reason="measured: with an optional tool (tool_choice unset) Qwen2.5-Coder-1.5B answers 'What is the weather in "
+        "San Francisco, CA?' with a ```json {name, arguments}``` block instead of a <tool_call> in 5/5 runs "
+        "(temperature 0 and 4 seeds at 0.7), so no tool call is parsed; forced tool choice works (test_tool_calling)",
+        strict=False,
+    )
+    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
+    def test_agent_loop(self, model: RelayChatModel) -> None:
+        super().test_agent_loop(model)
+
+    @pytest.mark.xfail(
+        reason="measured: for the Japanese customer the forced call's JSON is right in 4/4 runs, but in 2/4 "
+        "(temperature 0 and 1 of 3 seeds at 0.7) the 1.5B model writes prose instead of </tool_call>; the unclosed "
+        "call then fails to parse ('Extra data'). The Chinese half passes",
+        strict=False,
+    )
+    def test_unicode_tool_call_integration(
+        self, model: RelayChatModel, *, tool_choice: str | None = None, force_tool_call: bool = True
+    ) -> None:
+        super().test_unicode_tool_call_integration(model, tool_choice=tool_choice, force_tool_call=force_tool_call)
