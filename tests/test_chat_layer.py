@@ -148,3 +148,49 @@ def test_stream_chat_yields_tool_calls_with_stable_ids(tokenizer, prefix_choice)
     assert [c.id for c in streamed_calls] == [c.id for c in final.parsed.tool_calls]
     assert "".join(d.text for d in deltas) == final.parsed.content
     assert final.parsed.content == ("Checking. " if request.prefix is None else "")
+
+
+FENCED = 'I will call it.\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n'
+
+
+def feed_in_pieces(parser: ToolCallStreamParser, text: str, size: int = 3) -> list:
+    pieces = []
+    for i in range(0, len(text), size):
+        pieces.extend(parser.feed(text[i : i + size]))
+    return pieces + list(parser.finish())
+
+
+def test_fenced_json_naming_a_bound_tool_is_a_tool_call():
+    pieces = feed_in_pieces(ToolCallStreamParser({"get_weather"}), FENCED)
+    calls = [p for p in pieces if isinstance(p, ToolCall)]
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert "".join(p for p in pieces if isinstance(p, str)) == "I will call it.\n\n"
+    out = parse_tool_calls(FENCED, tool_names=["get_weather"])
+    assert out.tool_calls[0].name == "get_weather" and "```" not in out.content
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        (FENCED, ()),  # no tools bound: fences are plain text
+        (FENCED.replace("get_weather", "other_tool"), ("get_weather",)),  # not a bound tool
+        ("Code:\n```python\nprint('hi')\n```\nDone.", ("get_weather",)),  # ordinary code block
+    ],
+)
+def test_other_fenced_blocks_stay_text(text, names):
+    pieces = feed_in_pieces(ToolCallStreamParser(names), text)
+    assert not [p for p in pieces if not isinstance(p, str)]
+    assert "".join(pieces) == text
+
+
+def test_unclosed_fence_at_the_end_still_parses():
+    text = FENCED.rstrip("\n").removesuffix("```")
+    out = parse_tool_calls(text, tool_names=["get_weather"])
+    assert [c.name for c in out.tool_calls] == ["get_weather"]
+
+
+def test_call_without_closing_tag_keeps_the_call_and_the_prose():
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "東京"}}\nThe weather is nice.'
+    out = parse_tool_calls(text)
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("get_weather", {"city": "東京"})]
+    assert out.content.strip() == "The weather is nice." and out.invalid_tool_calls == []

@@ -280,3 +280,17 @@ def test_tool_use_blocks_in_ai_content_are_skipped():
     assert converted[1]["tool_calls"][0]["function"] == {"name": "multiply", "arguments": {"a": 6, "b": 7}}
     with pytest.raises(ValueError, match="text only"):  # a user's image is still refused
         convert_messages([HumanMessage([{"type": "image", "url": "https://example.com/x.png"}])])
+
+
+def test_fenced_json_call_with_auto_tool_choice(tokenizer):
+    """Qwen2.5-Coder-1.5B writes optional calls as a fenced JSON block; with tools bound that is a tool call."""
+    reply = 'Let me compute.\n```json\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n```'
+    model = RelayChatModel(engine=chat_engine(tokenizer, reply)).bind_tools([multiply])
+    message = model.invoke("What is 6 times 7?")
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [("multiply", {"a": 6, "b": 7})]
+    streamed = aggregate(list(model.stream("What is 6 times 7?")))
+    assert streamed.content == message.content == "Let me compute.\n"
+    assert [c["name"] for c in streamed.tool_calls] == ["multiply"]
+    # Without tools the same text is just text.
+    plain = RelayChatModel(engine=chat_engine(tokenizer, reply)).invoke("What is 6 times 7?")
+    assert plain.content == reply and plain.tool_calls == []

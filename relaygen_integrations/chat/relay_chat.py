@@ -8,7 +8,7 @@ final parsed result.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from .tool_calls import (
     ToolCall,
     ToolCallStreamParser,
     forced_prefix,
+    tool_names,
     validate_tools,
 )
 
@@ -96,8 +97,8 @@ class ChatStreamAssembler:
     calls carry the same ids.
     """
 
-    def __init__(self, prefix: str | None) -> None:
-        self.parser = ToolCallStreamParser()
+    def __init__(self, prefix: str | None, tool_names: Iterable[str] = ()) -> None:
+        self.parser = ToolCallStreamParser(tool_names)
         self.parsed = ParsedOutput(content="")
         # A tool-call prefill only opens a tag (nothing to show); a JSON prefill ("{") is content the model did not
         # write but the answer starts with, so it is streamed before the first piece.
@@ -136,8 +137,12 @@ class ChatStreamAssembler:
         return ChatDelta(model=model, span_index=index, tool_call=piece)
 
 
+def _assembler(request: ChatRequest) -> ChatStreamAssembler:
+    return ChatStreamAssembler(request.prefix, tool_names(request.tools) if request.tools else ())
+
+
 def stream_chat(engine: RelayEngine, request: ChatRequest, cancel: Any = None) -> Iterator[ChatDelta]:
-    assembler = ChatStreamAssembler(request.prefix)
+    assembler = _assembler(request)
     events = engine.stream(
         request.messages,
         tools=request.tools,
@@ -151,7 +156,7 @@ def stream_chat(engine: RelayEngine, request: ChatRequest, cancel: Any = None) -
 
 
 async def astream_chat(engine: RelayEngine, request: ChatRequest) -> AsyncIterator[ChatDelta]:
-    assembler = ChatStreamAssembler(request.prefix)
+    assembler = _assembler(request)
     events = engine.astream(
         request.messages,
         tools=request.tools,

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
+FENCE = "```"
 
 
 class ToolSchemaError(ValueError):
@@ -48,13 +49,7 @@ class ParsedOutput:
     invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
 
 
-def parse_tool_call_body(body: str) -> ToolCall | InvalidToolCall:
-    """One ``<tool_call>`` body. Accepts ``arguments`` as an object or a JSON string (models write both)."""
-    raw = body.strip()
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return InvalidToolCall(raw=raw, error=f"tool call is not valid JSON: {exc.msg} at char {exc.pos}")
+def _call_from_data(data: Any, raw: str) -> ToolCall | InvalidToolCall:
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
         return InvalidToolCall(raw=raw, error="tool call JSON has no 'name' string")
     arguments = data.get("arguments", data.get("parameters", {}))
@@ -68,12 +63,39 @@ def parse_tool_call_body(body: str) -> ToolCall | InvalidToolCall:
     return ToolCall(name=data["name"], arguments=arguments)
 
 
-def parse_tool_calls(text: str) -> ParsedOutput:
-    """Splits a finished output into content (text outside tool-call tags) and tool calls.
+def decode_tool_call(body: str) -> tuple[ToolCall | InvalidToolCall, str]:
+    """One tool-call body -> the call, plus any text the model wrote after a complete JSON object.
 
-    An unclosed ``<tool_call>`` at the end (the generation ran out of tokens) is parsed as far as it goes.
+    Accepts ``arguments`` as an object or a JSON string (models write both). A valid object followed by more text
+    (a small model that forgets ``</tool_call>`` and goes on in prose) keeps the call and returns the rest as text.
     """
-    parser = ToolCallStreamParser()
+    raw = body.strip()
+    try:
+        return _call_from_data(json.loads(raw), raw), ""
+    except json.JSONDecodeError as exc:
+        error = f"tool call is not valid JSON: {exc.msg} at char {exc.pos}"
+    try:
+        data, end = json.JSONDecoder().raw_decode(raw)
+    except json.JSONDecodeError:
+        return InvalidToolCall(raw=raw, error=error), ""
+    call = _call_from_data(data, raw[:end])
+    if isinstance(call, InvalidToolCall):
+        return InvalidToolCall(raw=raw, name=call.name, error=error), ""
+    return call, raw[end:]
+
+
+def parse_tool_call_body(body: str) -> ToolCall | InvalidToolCall:
+    """One ``<tool_call>`` body (trailing text after a complete object is dropped; see ``decode_tool_call``)."""
+    return decode_tool_call(body)[0]
+
+
+def parse_tool_calls(text: str, tool_names: Iterable[str] = ()) -> ParsedOutput:
+    """Splits a finished output into content (text outside tool calls) and tool calls.
+
+    An unclosed ``<tool_call>`` at the end (the generation ran out of tokens) is parsed as far as it goes; with
+    ``tool_names``, a fenced JSON block naming one of those tools counts as a call too (see the stream parser).
+    """
+    parser = ToolCallStreamParser(tool_names)
     pieces = list(parser.feed(text)) + list(parser.finish())
     output = ParsedOutput(content="")
     for piece in pieces:
@@ -90,12 +112,16 @@ class ToolCallStreamParser:
     """Incremental parser: feed text deltas, get content deltas and completed tool calls in order.
 
     Content that might be the start of ``<tool_call>`` is held back until it is decided, so a stream never shows
-    half a tag as text.
+    half a tag as text. With ``tool_names`` (tools are bound), a fenced code block is held back until it closes: a
+    block holding ``{"name": <a bound tool>, "arguments": {...}}`` is a tool call - small models such as
+    Qwen2.5-Coder-1.5B write optional calls that way instead of in ``<tool_call>`` tags - anything else is text.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tool_names: Iterable[str] = ()) -> None:
+        self.tool_names = frozenset(tool_names)
         self._buffer = ""
         self._in_call = False
+        self._in_fence = False
 
     def feed(self, delta: str) -> Iterator[str | ToolCall | InvalidToolCall]:
         self._buffer += delta
@@ -106,36 +132,81 @@ class ToolCallStreamParser:
                     return
                 body, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE_TAG) :]
                 self._in_call = False
-                yield parse_tool_call_body(body)
+                call, trailing = decode_tool_call(body)
+                yield call
+                if trailing.strip():
+                    yield trailing
+                continue
+            if self._in_fence:
+                end = self._buffer.find(FENCE, len(FENCE))
+                if end < 0:
+                    return
+                block, self._buffer = self._buffer[: end + len(FENCE)], self._buffer[end + len(FENCE) :]
+                self._in_fence = False
+                yield self._fenced_call(block) or block
                 continue
             start = self._buffer.find(OPEN_TAG)
+            fence = self._buffer.find(FENCE) if self.tool_names else -1
+            if fence >= 0 and (start < 0 or fence < start):
+                if fence:
+                    yield self._buffer[:fence]
+                self._buffer = self._buffer[fence:]
+                self._in_fence = True
+                continue
             if start >= 0:
                 if start:
                     yield self._buffer[:start]
                 self._buffer = self._buffer[start + len(OPEN_TAG) :]
                 self._in_call = True
                 continue
-            keep = _partial_tag_suffix(self._buffer)
+            keep = _partial_suffix(self._buffer, OPEN_TAG)
+            if self.tool_names:
+                keep = max(keep, _partial_suffix(self._buffer, FENCE))
             ready = self._buffer[: len(self._buffer) - keep]
             if ready:
                 yield ready
             self._buffer = self._buffer[len(ready) :]
             return
 
+    def _fenced_call(self, block: str) -> ToolCall | None:
+        """A fenced block that is exactly one JSON call of a bound tool, else None (it stays text)."""
+        inner = block[len(FENCE) :]
+        inner = inner[: -len(FENCE)] if inner.endswith(FENCE) else inner
+        first_line, _, rest = inner.partition("\n")
+        if first_line.strip().isalpha():  # a language tag such as "json"
+            inner = rest
+        try:
+            data = json.loads(inner)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(data, dict) or data.get("name") not in self.tool_names:
+            return None
+        if "arguments" not in data and "parameters" not in data:
+            return None
+        call = _call_from_data(data, inner.strip())
+        return call if isinstance(call, ToolCall) else None
+
     def finish(self) -> Iterator[str | ToolCall | InvalidToolCall]:
-        """Flushes what is left: held-back text, or an unclosed tool call."""
+        """Flushes what is left: held-back text, an unclosed tool call, or an unclosed fenced block."""
         rest, self._buffer = self._buffer, ""
         if self._in_call:
             self._in_call = False
             if rest.strip():
-                yield parse_tool_call_body(rest)
+                call, trailing = decode_tool_call(rest)
+                yield call
+                if trailing.strip():
+                    yield trailing
+        elif self._in_fence:
+            self._in_fence = False
+            yield self._fenced_call(rest) or rest
         elif rest:
             yield rest
 
 
-def _partial_tag_suffix(text: str) -> int:
-    for k in range(min(len(OPEN_TAG) - 1, len(text)), 0, -1):
-        if text.endswith(OPEN_TAG[:k]):
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest tail of ``text`` that could be the start of ``tag``."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
             return k
     return 0
 
