@@ -52,13 +52,20 @@ def run_calibrate(args: argparse.Namespace) -> int:
         traces = [Trace(**json.loads(line)) for line in args.traces.read_text().splitlines() if line.strip()]
         console.print(f"reusing {len(traces)} traces from {args.traces}")
     else:
+        sink = None
+        if args.traces:
+            # Written one trace at a time, so an interrupted run keeps what it generated.
+            args.traces.parent.mkdir(parents=True, exist_ok=True)
+            sink = args.traces.open("w", encoding="utf-8")
         for record in track(records, description="large-model traces", console=console):
             prompt_ids = engine.encode_messages(math_messages(record["question"]))
             result = engine.generate_ids(prompt_ids, max_new_tokens=args.max_new_tokens, mode="large")
             traces.append(Trace(prompt_ids, result.completion_ids, result.text))
-        if args.traces:
-            args.traces.parent.mkdir(parents=True, exist_ok=True)
-            args.traces.write_text("".join(json.dumps(t.__dict__) + "\n" for t in traces))
+            if sink is not None:
+                sink.write(json.dumps(traces[-1].__dict__, ensure_ascii=False) + "\n")
+                sink.flush()
+        if sink is not None:
+            sink.close()
     small = engine.runners["small"].model
     margins = [
         token_margins(small, t.prompt_ids, t.completion_ids)
