@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -20,3 +22,19 @@ def tokenizer() -> PreTrainedTokenizerBase:
     from fixture_tokenizer import fixture_tokenizer_dir
 
     return AutoTokenizer.from_pretrained(fixture_tokenizer_dir())
+
+
+@pytest.fixture
+def collector() -> Iterator[Any]:
+    """Records every LlamaIndex instrumentation event while a test runs (attached to the root dispatcher)."""
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index_events import Collector
+
+    root = get_dispatcher()
+    handler = Collector()
+    handler.events.clear()
+    root.add_event_handler(handler)
+    try:
+        yield handler
+    finally:
+        root.event_handlers.remove(handler)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from helpers import PROMPT, ScriptedLM
@@ -21,14 +21,13 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.bridge.pydantic import BaseModel
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatStartEvent, LLMCompletionStartEvent
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.program.function_program import get_function_tool
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
+from llama_index_events import Collector
 from transformers import PreTrainedTokenizerBase
 
 import relaygen_integrations.engine.engine as engine_module
@@ -77,34 +76,6 @@ def make_engine(
     large = ScriptedLM(tokenizer, reference, len(prompt_ids))
     small_lm = ScriptedLM(tokenizer, small if small is not None else reference.upper(), len(prompt_ids))
     return RelayEngine(large, small_lm, tokenizer, cues=list(cues))  # type: ignore[arg-type]
-
-
-class Collector(BaseEventHandler):
-    """Keeps every instrumentation event it sees."""
-
-    events: ClassVar[list[BaseEvent]] = []
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "Collector"
-
-    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
-        self.events.append(event)
-
-    def of(self, kind: type[BaseEvent]) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
-
-
-@pytest.fixture
-def collector() -> Iterator[Collector]:
-    root = get_dispatcher()
-    handler = Collector()
-    handler.events.clear()
-    root.add_event_handler(handler)
-    try:
-        yield handler
-    finally:
-        root.event_handlers.remove(handler)
 
 
 # -- construction, laziness, sharing, metadata -------------------------------------------------------------------

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from llama_index.core import Document, Settings, VectorStoreIndex
 from llama_index.core.agent.workflow import FunctionAgent, ReActAgent, ToolCallResult
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMChatStartEvent
 from llama_index.core.llms import ChatMessage
 from llama_index.core.tools import FunctionTool
@@ -37,32 +34,6 @@ CALCULATOR_PROMPT = (
     "After the tool result arrives, answer with that number."
 )
 PRODUCT = 1234 * 5678  # 7006652: not something a 1.5B model multiplies correctly in its head
-
-
-class Collector(BaseEventHandler):
-    events: ClassVar[list[BaseEvent]] = []
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "RealPairCollector"
-
-    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
-        self.events.append(event)
-
-    def of(self, kind: type[BaseEvent]) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
-
-
-@pytest.fixture
-def collector() -> Iterator[Collector]:
-    root = get_dispatcher()
-    handler = Collector()
-    handler.events.clear()
-    root.add_event_handler(handler)
-    try:
-        yield handler
-    finally:
-        root.event_handlers.remove(handler)
 
 
 @pytest.fixture(scope="module")
