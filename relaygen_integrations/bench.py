@@ -24,10 +24,15 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .engine import RelayEngine
+from .engine import GenerationError, RelayEngine
 from .prompts import MATH_SYSTEM_PROMPT, gsm8k_reference_answer, load_gsm8k, math_messages
 
 RELAY_MODES = ("relay", "reprompt")
+
+
+def is_relay_mode(mode: str) -> bool:
+    """``relay`` and ``reprompt``, also with a cue set: ``relay@generic``, ``relay@all-candidates``."""
+    return mode.split("@", 1)[0] in RELAY_MODES
 
 
 class BenchConfig(BaseModel):
@@ -141,7 +146,7 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
 
         return run
 
-    return {
+    modes = {
         "large": through_engine("large"),
         "small": through_engine("small"),
         "relay": through_engine("relay"),
@@ -149,18 +154,32 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
         "hf-large": hf(assistant=False),
         "assisted": hf(assistant=True),
     }
+    # "relay@<cues>" / "reprompt@<cues>": the same mode with another cue set (preset, "all-candidates", profile path),
+    # so cue sets are compared on one loaded pair in one interleaved run.
+    for name in config.modes:
+        base, _, cues = name.partition("@")
+        if cues and base in RELAY_MODES:
+            try:
+                engine.plan([0], cues=cues)  # validates the cue spec before any problem runs
+            except GenerationError as exc:
+                raise ValueError(f"benchmark mode {name!r}: {exc}") from exc
+            modes[name] = through_engine("relay", reprefill_segments=base == "reprompt", cues=cues)
+    return modes
 
 
 # -- the run ----------------------------------------------------------------------------------------------------
 def run_benchmark(config: BenchConfig, console: Console | None = None, engine: RelayEngine | None = None) -> dict:
     console = console or Console()
     records = load_gsm8k(config.data)[: config.n]
+    if not records:
+        raise ValueError(f"no problems to run in {config.data}")
     engine = engine or RelayEngine.from_pretrained(config.large, config.small, cues=config.cues, dtype=config.dtype)
     modes = make_modes(engine, config)
     unknown = [m for m in config.modes if m not in modes]
     if unknown:
         raise ValueError(f"unknown benchmark modes {unknown}; known: {sorted(modes)}")
     runs: list[Run] = []
+    report: dict[str, Any] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("benchmark", total=len(records) * len(config.modes))
@@ -182,11 +201,16 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
                     f"{'✓' if run.correct else '✗'} pred={predicted} ref={reference} finish={finish}"
                 )
                 progress.advance(task)
-    summary = summarize(runs, config.modes)
-    report = {"config": json.loads(config.model_dump_json()), "machine": machine_info(config), "summary": summary,
-              "runs": [asdict(r) for r in runs]}  # fmt: skip
-    write_outputs(report, config.out)
+            # Outputs are rewritten after every problem: an interrupted run keeps everything it measured.
+            report = make_report(config, runs)
+            write_outputs(report, config.out)
     return report
+
+
+def make_report(config: BenchConfig, runs: list[Run]) -> dict[str, Any]:
+    summary = summarize(runs, config.modes)
+    return {"config": json.loads(config.model_dump_json()), "machine": machine_info(config), "summary": summary,
+            "problems_done": len({r.problem for r in runs}), "runs": [asdict(r) for r in runs]}  # fmt: skip
 
 
 def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
@@ -207,8 +231,8 @@ def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
         }
     large, small = summary.get("large"), summary.get("small")
     r = small["s_per_token"] / large["s_per_token"] if large and small and large["s_per_token"] else None
-    for mode in RELAY_MODES:
-        if mode not in summary:
+    for mode in summary:
+        if not is_relay_mode(mode):
             continue
         mode_runs, entry = by_mode[mode], summary[mode]
         total = sum(x.completion_tokens for x in mode_runs)
@@ -287,7 +311,7 @@ def render_traces(report: dict[str, Any]) -> str:
         " — hover a span for its trigger and token count.</p>",
     ]
     for run in report["runs"]:
-        if run["mode"] not in RELAY_MODES:
+        if not is_relay_mode(run["mode"]):
             continue
         verdict = "✓" if run["correct"] else "✗"
         heading = (

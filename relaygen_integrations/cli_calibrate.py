@@ -22,6 +22,7 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--traces", type=Path, default=None, help="reuse (or, if missing, save) traces here")
     parser.add_argument("--threshold", type=float, default=0.0, help="select cues with delta above this")
     parser.add_argument("--min-occurrences", type=int, default=3)
+    parser.add_argument("--min-traces", type=int, default=3, help="distinct traces a selected cue must occur in")
     parser.add_argument("--no-propose", action="store_true", help="score only the paper's candidate list")
     parser.add_argument("--out", type=Path, required=True, help="profile JSON to write (a PNG is written beside it)")
     parser.set_defaults(func=run_calibrate)
@@ -49,15 +50,18 @@ def run_calibrate(args: argparse.Namespace) -> int:
     records = load_gsm8k(args.data)[: args.n]
     traces: list[Trace] = []
     if args.traces and args.traces.exists():
-        traces = [Trace(**json.loads(line)) for line in args.traces.read_text().splitlines() if line.strip()]
+        lines = [line for line in args.traces.read_text().splitlines() if line.strip()]
+        traces = [Trace(**json.loads(line)) for line in lines][: args.n]
         console.print(f"reusing {len(traces)} traces from {args.traces}")
-    else:
+    # Traces are saved one at a time, so an interrupted run keeps what it generated and a rerun (or a larger --n)
+    # only generates the missing ones.
+    missing = records[len(traces) :]
+    if missing:
         sink = None
         if args.traces:
-            # Written one trace at a time, so an interrupted run keeps what it generated.
             args.traces.parent.mkdir(parents=True, exist_ok=True)
-            sink = args.traces.open("w", encoding="utf-8")
-        for record in track(records, description="large-model traces", console=console):
+            sink = args.traces.open("a", encoding="utf-8")
+        for record in track(missing, description="large-model traces", console=console):
             prompt_ids = engine.encode_messages(math_messages(record["question"]))
             result = engine.generate_ids(prompt_ids, max_new_tokens=args.max_new_tokens, mode="large")
             traces.append(Trace(prompt_ids, result.completion_ids, result.text))
@@ -73,21 +77,29 @@ def run_calibrate(args: argparse.Namespace) -> int:
     ]
     proposed = [] if args.no_propose else trace_candidates(t.text for t in traces)
     result = calibrate(
-        traces, margins, engine.tokenizer, PAPER_CANDIDATES, proposed, args.threshold, args.min_occurrences
+        traces,
+        margins,
+        engine.tokenizer,
+        PAPER_CANDIDATES,
+        proposed,
+        args.threshold,
+        args.min_occurrences,
+        args.min_traces,
     )
     pair = {"large": engine.large_name, "small": engine.small_name, "tokenizer_hash": tokenizer_hash(engine.tokenizer)}
     settings = {"data": str(args.data), "n": len(traces), "max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
-                "threshold": args.threshold, "min_occurrences": args.min_occurrences}  # fmt: skip
+                "threshold": args.threshold, "min_occurrences": args.min_occurrences,
+                "min_traces": args.min_traces}  # fmt: skip
     write_profile(args.out, result, pair, settings)
     plot_margins(args.out.with_suffix(".png"), result)
 
     table = Table(title=f"cue calibration (overall mean margin {result.overall_mean_margin:.3f})")
-    for column in ("cue", "source", "occurrences", "tokens", "mean margin", "delta", "selected"):
+    for column in ("cue", "source", "occurrences", "traces", "tokens", "mean margin", "delta", "selected"):
         table.add_column(column)
     for row in result.table:
         if row.occurrences:
-            table.add_row(repr(row.cue), row.source, str(row.occurrences), str(row.tokens), f"{row.mean_margin:.3f}",
-                          f"{row.delta:+.3f}", "✓" if row.selected else "")  # fmt: skip
+            table.add_row(repr(row.cue), row.source, str(row.occurrences), str(row.traces), str(row.tokens),
+                          f"{row.mean_margin:.3f}", f"{row.delta:+.3f}", "✓" if row.selected else "")  # fmt: skip
     console.print(table)
     console.print(f"selected {len(result.selected)} cues: {result.selected}\nwrote {args.out}")
     return 0

@@ -60,6 +60,18 @@ def test_benchmark_writes_every_output(tmp_path, tokenizer):
     assert json.loads((tmp_path / "results.json").read_text())["machine"]["cores"] >= 1
 
 
+def test_modes_compare_cue_sets_in_one_run(tmp_path, tokenizer):
+    engine = chat_engine(tokenizer, "We add them. So the total is 18. Thus \\boxed{18}.", cues=["So "])
+    modes = ["large", "relay", "relay@none", "reprompt@generic"]
+    config = BenchConfig(n=1, modes=modes, max_new_tokens=60, out=tmp_path)
+    summary = run_benchmark(config, engine=engine)["summary"]
+    assert summary["relay"]["small_share"] > 0 and summary["relay@none"]["small_share"] == 0
+    assert summary["reprompt@generic"]["small_share"] > 0
+    assert summary["relay@none"]["switches_per_problem"] == 0 < summary["relay"]["switches_per_problem"]
+    with pytest.raises(ValueError, match="relay@nonsense"):
+        run_benchmark(BenchConfig(n=1, modes=["relay@nonsense"], out=tmp_path), engine=engine)
+
+
 @pytest.mark.real_pair
 def test_bench_quick_runs_every_mode_on_the_demo_pair(tmp_path):
     assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0

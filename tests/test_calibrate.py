@@ -20,6 +20,7 @@ from relaygen_integrations.engine.calibrate import (
     trace_candidates,
     write_profile,
 )
+from relaygen_integrations.engine.cues import load_profile
 
 
 class FixedLogits(torch.nn.Module):
@@ -68,7 +69,9 @@ def test_calibration_pools_the_sentence_after_each_cue(tokenizer):
     for token in ids:
         margins.append(0.9 if any(a <= offset < b for a, b in inside) else 0.1)
         offset += len(tokenizer.decode([token]))
-    result = calibrate([Trace([1], ids, text)], [margins], tokenizer, ["So", "Then", "We"], min_occurrences=2)
+    result = calibrate(
+        [Trace([1], ids, text)], [margins], tokenizer, ["So", "Then", "We"], min_occurrences=2, min_traces=1
+    )
     rows = {row.cue: row for row in result.table}
     assert rows["So"].occurrences == 2 and rows["So"].mean_margin == pytest.approx(0.9)
     assert rows["So"].delta == pytest.approx(0.9 - sum(margins) / len(margins))
@@ -77,21 +80,35 @@ def test_calibration_pools_the_sentence_after_each_cue(tokenizer):
     assert result.selected == ["So"]
 
 
+def test_cues_from_too_few_traces_are_not_selected(tokenizer):
+    # "So" is confident in all three traces; "Bella" only in one (a name from one problem), however often.
+    texts = ["So the sum is 5. Bella has 3. Bella has 4. Bella has 5.", "So it is 2.", "So we stop."]
+    traces = [Trace([1], tokenizer.encode(t, add_special_tokens=False), t) for t in texts]
+    margins = [[0.9] * len(t.completion_ids) for t in traces]
+    margins[0][0] = 0.0  # the overall mean must sit below the pooled means
+    result = calibrate(traces, margins, tokenizer, ["So"], ["Bella"], min_occurrences=3, min_traces=3)
+    rows = {row.cue: row for row in result.table}
+    assert (rows["Bella"].occurrences, rows["Bella"].traces) == (3, 1) and not rows["Bella"].selected
+    assert rows["So"].traces == 3 and result.selected == ["So"]
+
+
 def test_trace_candidates_propose_openers():
-    texts = ["Step 1: add. Next, we add. Next, we sum.\n1. one\n2. two\nStep 2: go. Next, go."] * 2
+    texts = ["Step 1: add. Next, we add. Next, we sum.\n1. one\n2. two\nStep 2: go. Next, go."] * 3
     found = trace_candidates(texts, min_count=3)
-    assert "Next," in found and "Step" in found and "We" not in found
-    assert "1." in trace_candidates(texts, min_count=2)
+    assert "Next," in found and "Step" in found and "We" not in found and "1." in found
+    # Counted once per trace: a word opening many sentences of one answer is that problem's vocabulary.
+    assert "Bella" not in trace_candidates(["Bella has 3. Bella has 4. Bella has 5. Bella wins."], min_count=2)
 
 
 def test_profile_round_trip(tmp_path, tokenizer):
     text = "We add. So the sum is 5. So it ends. So yes."
     ids = tokenizer.encode(text, add_special_tokens=False)
-    result = calibrate([Trace([1], ids, text)], [[0.5] * len(ids)], tokenizer, ["So"], threshold=-1.0)
+    result = calibrate([Trace([1], ids, text)], [[0.5] * len(ids)], tokenizer, ["So"], threshold=-1.0, min_traces=1)
     path = tmp_path / "pair.json"
     profile = write_profile(path, result, {"large": "a", "small": "b", "tokenizer_hash": "x"}, {"n": 1})
     assert json.loads(path.read_text())["selected_cues"] == profile["selected_cues"] == ["So"]
     assert resolve_cues(str(path)).cues == ("So",)
+    assert load_profile(path, key="candidates").cues == ("So",) == tuple(profile["candidates"])
     plot_margins(tmp_path / "pair.png", result)
     assert (tmp_path / "pair.png").stat().st_size > 0
 

@@ -41,6 +41,7 @@ class Trace:
 class CueStats:
     cue: str
     occurrences: int = 0
+    traces: int = 0  # distinct traces it occurs in: a cue seen in one problem only is that problem's vocabulary
     tokens: int = 0
     mean_margin: float = 0.0
     delta: float = 0.0
@@ -111,16 +112,23 @@ def calibrate(
     extra_candidates: Sequence[str] = (),
     threshold: float = 0.0,
     min_occurrences: int = 3,
+    min_traces: int = 3,
 ) -> CalibrationResult:
-    """Scores every candidate cue by the small model's mean margin on the sentence that follows it."""
+    """Scores every candidate cue by the small model's mean margin on the sentence that follows it.
+
+    Selected: delta > ``threshold``, at least ``min_occurrences`` occurrences, in at least ``min_traces`` distinct
+    traces (without the last rule a name repeated in one problem's answer, e.g. "Bella", passes as a cue).
+    """
     pooled: dict[str, list[float]] = {cue: [] for cue in [*candidates, *extra_candidates]}
     counts: Counter[str] = Counter()
+    trace_counts: Counter[str] = Counter()
     all_margins: list[float] = []
     for trace, trace_margins in zip(traces, margins, strict=True):
         text, ends = token_char_ends(tokenizer, trace.completion_ids)
         all_margins.extend(trace_margins)
         starts = [0, *ends[:-1]]
         for cue in pooled:
+            seen_in_trace = False
             for cue_end in cue_occurrences(text, cue):
                 stop = sentence_end(text, cue_end)
                 # Tokens that begin at or after the cue's end and before the sentence end: what the small model
@@ -129,14 +137,18 @@ def calibrate(
                 if segment:
                     counts[cue] += 1
                     pooled[cue].extend(segment)
+                    seen_in_trace = True
+            trace_counts[cue] += seen_in_trace
     overall = sum(all_margins) / len(all_margins) if all_margins else 0.0
     result = CalibrationResult(overall_mean_margin=overall, total_tokens=len(all_margins))
     extra = set(extra_candidates) - set(candidates)
     for cue, values in pooled.items():
         mean = sum(values) / len(values) if values else 0.0
-        row = CueStats(cue, counts[cue], len(values), mean, mean - overall if values else 0.0)
+        row = CueStats(cue, counts[cue], trace_counts[cue], len(values), mean, mean - overall if values else 0.0)
         row.source = "traces" if cue in extra else "candidates"
-        row.selected = bool(values) and row.delta > threshold and row.occurrences >= min_occurrences
+        row.selected = (
+            bool(values) and row.delta > threshold and row.occurrences >= min_occurrences and row.traces >= min_traces
+        )
         result.table.append(row)
     result.table.sort(key=lambda r: (-r.selected, -r.delta))
     return result
@@ -148,14 +160,15 @@ _STRUCTURAL = re.compile(r"(?:^|\n)[ \t]*(\d{1,2}\.)(?= )")
 
 def trace_candidates(texts: Iterable[str], top: int = 30, min_count: int = 3) -> list[str]:
     """Candidates found in the traces themselves: frequent sentence-initial words (with their comma when they
-    usually carry one) and structural openers ("Step 1:", list markers) — to be scored by the same margin test."""
+    usually carry one) and structural openers ("Step 1:", list markers) — to be scored by the same margin test.
+
+    Counted once per trace (a word must open sentences in ``min_count`` different traces), so the names and nouns
+    of a single problem are not proposed."""
     words: Counter[str] = Counter()
     structural: Counter[str] = Counter()
     for text in texts:
-        for match in re.finditer(r"(?:^|[.!?]\s+|\n\s*)([A-Z][a-z]+,?)", text):
-            words[match.group(1)] += 1
-        for match in _STRUCTURAL.finditer(text):
-            structural[match.group(1)] += 1
+        words.update({m.group(1) for m in re.finditer(r"(?:^|[.!?]\s+|\n\s*)([A-Z][a-z]+,?)", text)})
+        structural.update({m.group(1) for m in _STRUCTURAL.finditer(text)})
     found = [w for w, c in words.most_common(top) if c >= min_count]
     found += [s for s, c in structural.most_common(10) if c >= min_count]
     return list(dict.fromkeys(found))
@@ -178,6 +191,7 @@ def write_profile(
         "total_tokens": result.total_tokens,
         "table": [asdict(row) for row in result.table],
         "selected_cues": result.selected,
+        "candidates": [row.cue for row in result.table],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(profile, indent=2, ensure_ascii=False))

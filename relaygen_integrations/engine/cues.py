@@ -111,8 +111,11 @@ class CueSet:
         return bool(self.cues)
 
 
-def load_profile(path: str | Path) -> CueSet:
-    """Reads a calibration profile (``{"selected_cues": [...]}``; ``"cues"`` is accepted too)."""
+def load_profile(path: str | Path, key: str = "selected_cues") -> CueSet:
+    """Reads a calibration profile (``{"selected_cues": [...]}``; ``"cues"`` is accepted too).
+
+    ``key="candidates"`` reads every cue the calibration scored instead of the selected ones.
+    """
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -120,10 +123,11 @@ def load_profile(path: str | Path) -> CueSet:
         raise CueConfigError(f"cue profile {path} does not exist") from exc
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CueConfigError(f"cue profile {path} is unreadable or not JSON: {exc}") from exc
-    cues = data.get("selected_cues", data.get("cues")) if isinstance(data, dict) else None
+    fallback = data.get("cues") if isinstance(data, dict) and key == "selected_cues" else None
+    cues = data.get(key, fallback) if isinstance(data, dict) else None
     if not isinstance(cues, list) or not all(isinstance(c, str) for c in cues):
-        raise CueConfigError(f"cue profile {path} has no list of strings under 'selected_cues'")
-    return CueSet(tuple(cues), source=str(path))
+        raise CueConfigError(f"cue profile {path} has no list of strings under {key!r}")
+    return CueSet(tuple(cues), source=str(path) if key == "selected_cues" else f"{path}:{key}")
 
 
 def shipped_profile(pair_name: str | None) -> Path | None:
@@ -137,7 +141,9 @@ def shipped_profile(pair_name: str | None) -> Path | None:
 def resolve_cues(spec: str | list[str] | tuple[str, ...] | CueSet | None, pair_name: str | None = None) -> CueSet:
     """Turns the user's ``cues=`` argument into a CueSet.
 
-    ``"auto"`` uses the calibrated profile shipped for the pair when there is one, else the generic list.
+    ``"auto"`` uses the calibrated profile shipped for the pair when there is one, else the generic list;
+    ``"all-candidates"`` uses every cue that profile's calibration scored (else the paper's candidate list) — the
+    uncalibrated upper bound on switching, for comparisons.
     """
     if spec is None:
         return CueSet((), source="none")
@@ -150,10 +156,14 @@ def resolve_cues(spec: str | list[str] | tuple[str, ...] | CueSet | None, pair_n
     if spec == "auto":
         profile = shipped_profile(pair_name)
         return load_profile(profile) if profile else CueSet(GENERIC_CUES, source="generic")
+    if spec == "all-candidates":
+        profile = shipped_profile(pair_name)
+        if profile:
+            return load_profile(profile, key="candidates")
+        return CueSet(PAPER_CANDIDATES, source="paper-candidates")
     if spec in PRESETS:
         return CueSet(PRESETS[spec], source=spec)
     if spec.endswith(".json") or Path(spec).is_file():
         return load_profile(spec)
-    raise CueConfigError(
-        f"unknown cue preset {spec!r}: use one of {sorted([*PRESETS, 'auto'])}, a list of cues, or a profile .json"
-    )
+    known = sorted([*PRESETS, "auto", "all-candidates"])
+    raise CueConfigError(f"unknown cue preset {spec!r}: use one of {known}, a list of cues, or a profile .json")

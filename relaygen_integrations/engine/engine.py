@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..chat.template import render_prompt_ids
-from .cues import CueSet, resolve_cues
+from .cues import CueConfigError, CueSet, resolve_cues
 from .generate import relay_stream
 from .models import (
     check_tokenizers_match,
@@ -48,6 +48,7 @@ class GenerationPlan:
     stop: tuple[str, ...]
     mode: Mode
     reprefill_segments: bool = False
+    cues: CueSet | None = None  # None: the engine's cues
 
 
 class _Failure:
@@ -170,6 +171,7 @@ class RelayEngine:
         stop: str | Sequence[str] | None = None,
         mode: Mode = "relay",
         reprefill_segments: bool = False,
+        cues: CueSet | str | list[str] | None = None,
     ) -> GenerationPlan:
         """Validates every setting before any model work starts, so a bad request leaves nothing half-done."""
         if mode not in MODES:
@@ -198,7 +200,12 @@ class RelayEngine:
             raise GenerationError(
                 f"the prompt has {len(ids)} tokens but the context window is {self.context_window} tokens"
             )
-        return GenerationPlan(ids, min(max_new_tokens, room), sampling, stops, mode, reprefill_segments)
+        try:
+            # Per-request cues (e.g. comparing cue sets on one loaded pair); None keeps the engine's own.
+            request_cues = None if cues is None else resolve_cues(cues, self.pair_name)
+        except CueConfigError as exc:
+            raise GenerationError(str(exc)) from exc
+        return GenerationPlan(ids, min(max_new_tokens, room), sampling, stops, mode, reprefill_segments, request_cues)
 
     # -- running ------------------------------------------------------------------------------------------------
     def run_plan(self, plan: GenerationPlan, cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
@@ -207,7 +214,7 @@ class RelayEngine:
             runners = {
                 role: self.runners[role] for role in (("large", "small") if plan.mode == "relay" else (plan.mode,))
             }
-            policy = RelayPolicy(self.cues, self.policy_config, plan.mode)
+            policy = RelayPolicy(plan.cues if plan.cues is not None else self.cues, self.policy_config, plan.mode)
             yield from relay_stream(
                 runners,
                 self.tokenizer,
