@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .engine import GenerationError, RelayEngine
 from .prompts import MATH_SYSTEM_PROMPT, gsm8k_reference_answer, load_gsm8k, math_messages
 
-RELAY_MODES = ("relay", "reprompt")
+RELAY_MODES = ("relay", "reprompt", "relay-spec")
 
 
 def is_relay_mode(mode: str) -> bool:
@@ -65,6 +65,9 @@ class Run:
     small_tokens: int = 0
     switches: int = 0
     catchup_tokens: int = 0
+    speculative_rounds: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
     spans: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -119,6 +122,9 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
                 "small_tokens": usage.small_tokens,
                 "switches": usage.switches,
                 "catchup_tokens": usage.large_catchup_tokens + usage.small_catchup_tokens,
+                "speculative_rounds": usage.speculative_rounds,
+                "draft_tokens": usage.draft_tokens,
+                "accepted_draft_tokens": usage.accepted_draft_tokens,
                 "spans": [s.to_dict() for s in result.spans],
             }
             return result.text, usage.completion_tokens, result.finish_reason, details
@@ -151,6 +157,9 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
         "small": through_engine("small"),
         "relay": through_engine("relay"),
         "reprompt": through_engine("relay", reprefill_segments=True),
+        # Self-speculative: the small model drafts for the large model's tokens (lossless; adaptive draft length).
+        "relay-spec": through_engine("relay", speculative=True),
+        "large-spec": through_engine("large", speculative=True),
         "hf-large": hf(assistant=False),
         "assisted": hf(assistant=True),
     }
@@ -246,6 +255,14 @@ def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
             ideal = 1.0 / ((1 - f) + f * r)
             measured = large["s_per_token"] / entry["s_per_token"] if entry["s_per_token"] else 0.0
             entry.update(r=r, ideal_speedup=ideal, measured_speedup=measured, efficiency=measured / ideal)
+    for mode, entry in summary.items():
+        drafted = sum(x.draft_tokens for x in by_mode[mode])
+        if drafted:
+            rounds = sum(x.speculative_rounds for x in by_mode[mode])
+            entry.update(
+                acceptance_rate=sum(x.accepted_draft_tokens for x in by_mode[mode]) / drafted,
+                mean_draft_length=drafted / rounds,
+            )
     if large is not None:
         for entry in summary.values():
             entry["speedup_vs_large"] = large["s_per_token"] / entry["s_per_token"] if entry["s_per_token"] else 0.0

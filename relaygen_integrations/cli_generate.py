@@ -25,6 +25,15 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=None, help="stop sequence (repeatable)")
+    parser.add_argument(
+        "--speculative",
+        nargs="?",
+        const=True,
+        default=False,
+        type=int,
+        metavar="K",
+        help="the small model drafts for the large model's tokens (lossless); optional maximum draft length K",
+    )
     parser.add_argument("--json", action="store_true", help="print {text, spans, usage, finish_reason} as JSON")
 
 
@@ -64,6 +73,7 @@ def _run(args: argparse.Namespace, messages: list[dict[str, str]], console: Cons
     settings = {
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
         "top_k": args.top_k, "seed": args.seed, "stop": args.stop, "mode": args.mode,
+        "speculative": args.speculative,
     }  # fmt: skip
     if args.json:
         result = engine.generate(messages, **settings)

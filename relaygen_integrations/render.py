@@ -22,11 +22,15 @@ def legend(large_name: str, small_name: str) -> Text:
 def stats_line(result: RelayResult) -> Text:
     usage = result.usage
     rate = usage.completion_tokens / result.elapsed if result.elapsed > 0 else 0.0
-    return Text.assemble(
+    line = Text.assemble(
         ("large ", MODEL_STYLES["large"]), f"{usage.large_tokens} tok · ",
         ("small ", MODEL_STYLES["small"]), f"{usage.small_tokens} tok ({usage.small_share:.0%}) · ",
         f"switches {usage.switches} · {result.elapsed:.1f} s · {rate:.1f} tok/s · finish {result.finish_reason}",
     )  # fmt: skip
+    if usage.draft_tokens:
+        mean_draft = usage.draft_tokens / usage.speculative_rounds
+        line.append(f" · drafts accepted {usage.acceptance_rate:.0%} (mean k {mean_draft:.1f})")
+    return line
 
 
 def print_stream(events: Iterable[StreamEvent], console: Console) -> RelayResult:

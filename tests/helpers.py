@@ -81,13 +81,17 @@ class ScriptedLM(torch.nn.Module):
         start = len(sequence) - 1 - sequence[::-1].index(self.im_start)
         return start + len(self.header)
 
-    def forward(self, input_ids: torch.Tensor, cache: DynamicCache, **_: object) -> SimpleNamespace:
+    def forward(
+        self, input_ids: torch.Tensor, cache: DynamicCache, logits_to_keep: int = 1, **_: object
+    ) -> SimpleNamespace:
         ids = input_ids.to(torch.float32).view(1, 1, -1, 1)
         keys, _values = cache.update(ids, ids, 0)
         sequence = [int(v) for v in keys.view(-1).tolist()]
         self.fed.append(input_ids.shape[1])
-        logits = torch.zeros(1, 1, self.config.vocab_size)
-        logits[0, 0, self.next_token(sequence)] = 10.0
+        # One row per kept position (speculative verification keeps several), each predicting the next token.
+        logits = torch.zeros(1, logits_to_keep, self.config.vocab_size)
+        for row in range(logits_to_keep):
+            logits[0, row, self.next_token(sequence[: len(sequence) - logits_to_keep + 1 + row])] = 10.0
         return SimpleNamespace(logits=logits)
 
 

@@ -57,6 +57,14 @@ def test_invoke_returns_relayed_text_with_spans_and_usage(model):
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
+def test_speculative_setting_reaches_the_engine(tokenizer):
+    model = RelayChatModel(engine=chat_engine(tokenizer, REPLY, cues=["So "]), max_tokens=100, speculative=3)
+    message = model.invoke("Add two and three.")
+    usage = message.response_metadata["relaygen"]["usage"]
+    assert message.content == RELAYED and usage["speculative_rounds"] > 0 and usage["draft_tokens"] > 0
+    assert model.invoke("Add.", speculative=False).response_metadata["relaygen"]["usage"]["draft_tokens"] == 0
+
+
 def test_stream_aggregates_to_invoke_and_tags_every_chunk(model):
     invoked = model.invoke("Add two and three.")
     chunks = list(model.stream("Add two and three."))

@@ -224,6 +224,16 @@ def test_per_call_settings_override_the_fields(tokenizer):
     assert large_only.text == BASIC and large_only.additional_kwargs["relaygen"]["small_tokens"] == 0
 
 
+def test_speculative_field_and_per_call_override(tokenizer):
+    # The small model agrees with the large one, so its drafts are accepted; the text is the large model's.
+    llm = RelayLLM(engine=make_engine(tokenizer, BASIC, small=BASIC), max_tokens=100, speculative=4, mode="large")
+    response = llm.chat(USER)
+    usage = response.additional_kwargs["relaygen"]["usage"]
+    assert response.message.content == BASIC and usage["accepted_draft_tokens"] == usage["draft_tokens"] > 0
+    plain = llm.chat(USER, speculative=False).additional_kwargs["relaygen"]["usage"]
+    assert plain["draft_tokens"] == 0
+
+
 # -- message conversion --------------------------------------------------------------------------------------------
 def test_message_conversion_with_tool_roles(tokenizer):
     messages = [

@@ -14,7 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..chat.template import render_prompt_ids
 from .cues import CueConfigError, CueSet, resolve_cues
-from .generate import relay_stream
+from .generate import Speculation, relay_stream
 from .models import (
     check_tokenizers_match,
     context_window,
@@ -30,6 +30,7 @@ from .policy import Mode, PolicyConfig, RelayPolicy
 from .runner import ModelRunner
 from .sampling import Sampler, SamplingParams
 from .spans import FinalEvent, ModelRole, RelayResult, StreamEvent
+from .speculative import DEFAULT_MAX_DRAFT, DraftLength
 
 MODES: tuple[Mode, ...] = ("relay", "large", "small")
 
@@ -49,6 +50,7 @@ class GenerationPlan:
     mode: Mode
     reprefill_segments: bool = False
     cues: CueSet | None = None  # None: the engine's cues
+    speculative: int = 0  # maximum draft length of self-speculative decoding; 0 = off
 
 
 class _Failure:
@@ -80,6 +82,7 @@ class RelayEngine:
         small_name: str = "small",
         pair_name: str | None = None,
         reuse_prefix: bool = True,
+        speculative: bool | int = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.large_name, self.small_name, self.pair_name = large_name, small_name, pair_name
@@ -95,6 +98,7 @@ class RelayEngine:
         self.eos_ids = eos_token_ids(large, tokenizer)
         self.context_window = context_window(large)
         self._lock = threading.Lock()
+        self.speculative = self._draft_limit(speculative)  # the default for requests that do not say
 
     # -- construction ------------------------------------------------------------------------------------------
     @classmethod
@@ -110,6 +114,7 @@ class RelayEngine:
         trust_remote_code: bool = False,
         allow_pickle: bool = False,
         reuse_prefix: bool = True,
+        speculative: bool | int = False,
     ) -> RelayEngine:
         """Loads both models (a known pair name such as ``"demo"``, a local directory, or a hub id).
 
@@ -133,6 +138,7 @@ class RelayEngine:
             small_name=small if small_pair is None else f"{small_pair}:small",
             pair_name=pair if pair == small_pair else None,
             reuse_prefix=reuse_prefix,
+            speculative=speculative,
         )
 
     @classmethod
@@ -172,6 +178,7 @@ class RelayEngine:
         mode: Mode = "relay",
         reprefill_segments: bool = False,
         cues: CueSet | str | list[str] | None = None,
+        speculative: bool | int | None = None,
     ) -> GenerationPlan:
         """Validates every setting before any model work starts, so a bad request leaves nothing half-done."""
         if mode not in MODES:
@@ -205,15 +212,31 @@ class RelayEngine:
             request_cues = None if cues is None else resolve_cues(cues, self.pair_name)
         except CueConfigError as exc:
             raise GenerationError(str(exc)) from exc
-        return GenerationPlan(ids, min(max_new_tokens, room), sampling, stops, mode, reprefill_segments, request_cues)
+        draft_limit = self.speculative if speculative is None else self._draft_limit(speculative)
+        return GenerationPlan(
+            ids, min(max_new_tokens, room), sampling, stops, mode, reprefill_segments, request_cues, draft_limit
+        )
+
+    def _draft_limit(self, speculative: bool | int) -> int:
+        """``False`` -> 0 (off), ``True`` -> the default maximum draft length, an int -> that maximum."""
+        if speculative is True:
+            speculative = DEFAULT_MAX_DRAFT
+        if speculative is False or speculative == 0:
+            return 0
+        if not isinstance(speculative, int) or not 1 <= speculative <= 64:
+            raise GenerationError(f"speculative must be True, False or a draft length 1..64, got {speculative!r}")
+        if "small" not in self.runners:
+            raise GenerationError("speculative decoding needs a small model to draft, and this engine has none")
+        return speculative
 
     # -- running ------------------------------------------------------------------------------------------------
     def run_plan(self, plan: GenerationPlan, cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
         """The stream of one planned request. Holds the engine lock while it runs; closing it stops generation."""
         with self._lock:
-            runners = {
-                role: self.runners[role] for role in (("large", "small") if plan.mode == "relay" else (plan.mode,))
-            }
+            # Speculation in mode "large" needs the small model too (as the drafter); mode "small" has nothing to draft.
+            both = plan.mode == "relay" or (plan.mode == "large" and plan.speculative > 0)
+            runners = {role: self.runners[role] for role in (("large", "small") if both else (plan.mode,))}
+            speculation = Speculation(DraftLength(plan.speculative)) if plan.speculative and both else None
             policy = RelayPolicy(plan.cues if plan.cues is not None else self.cues, self.policy_config, plan.mode)
             yield from relay_stream(
                 runners,
@@ -227,6 +250,7 @@ class RelayEngine:
                 cancel,
                 self.reuse_prefix and not plan.reprefill_segments,
                 plan.reprefill_segments,
+                speculation,
             )
 
     def stream_ids(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
@@ -27,6 +27,15 @@ from .policy import RelayPolicy
 from .runner import ModelRunner
 from .sampling import Sampler
 from .spans import FinalEvent, FinishReason, ModelRole, RelayResult, Span, StreamEvent, SwitchEvent, TextEvent, Usage
+from .speculative import DraftLength, SpeculationStats, speculative_step
+
+
+@dataclass
+class Speculation:
+    """Per-request speculative-decoding state: the adaptive draft length and the acceptance counters."""
+
+    length: DraftLength
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
 
 
 @dataclass
@@ -100,12 +109,15 @@ def relay_stream(
     cancel: threading.Event | None = None,
     reuse_prefix: bool = True,
     reprefill_segments: bool = False,
+    speculation: Speculation | None = None,
 ) -> Iterator[StreamEvent]:
     """Generates up to ``max_new_tokens`` kept tokens; yields TextEvent/SwitchEvent as text becomes final, then one
     FinalEvent. Closing the iterator early stops generation after the current step with both caches consistent.
 
     ``reprefill_segments`` emulates RelayGen's original serving (each segment a fresh API call without prefix
     caching): the model taking over forgets its cache and re-reads prompt + text so far. A baseline, never faster.
+
+    ``speculation``: the large model's tokens come from draft-and-verify rounds with the small model (lossless).
     """
     started = time.perf_counter()
     prompt_len = len(prompt_ids)
@@ -122,43 +134,58 @@ def relay_stream(
         runner.begin_request(prompt_ids, reuse_prefix)
 
     try:
-        while len(owners) < max_new_tokens:
+        while len(owners) < max_new_tokens and finish == "length":
             if cancel is not None and cancel.is_set():
                 finish = "cancelled"
                 break
             writer = policy.writer
-            logits = runners[writer].logits_for(ids, prompt_len, owners)
-            token = sampler(logits, ids)
-            if token in eos_ids:
-                finish = "stop"
-                break
-            before = detok.snapshot()
-            delta = detok.push(token)
-            ids.append(token)
-            owners.append(writer)
-            token_ends.append(len(detok.text))
-            decision = policy.observe(detok.text, delta)
-            if decision.action == "rollback":
-                # The look-ahead token belongs to the next writer's segment: it never reached a cache, so dropping
-                # it from the sequence is the whole rollback.
-                ids.pop()
-                owners.pop()
-                token_ends.pop()
-                detok.pop(before)
-                rolled_back += 1
-            if decision.action != "continue":
-                if reprefill_segments:
-                    runners[decision.to_model].reset()  # type: ignore[index]
-                now = time.perf_counter()
-                segments[-1].closed = now
-                segments.append(Segment(decision.to_model, decision.trigger, len(owners), len(detok.text), now))  # type: ignore[arg-type]
-            if stop and decision.action != "rollback":
-                stop_at = find_stop(detok.text, len(detok.text) - len(delta), stop)
-                if stop_at is not None:
-                    finish = "stop_sequence"
+            if speculation is not None and writer == "large":
+                # Draft-and-verify: several tokens, each the large model's own choice; fed to the policy one by one
+                # below, and whatever follows a switch is discarded (caches cropped after the loop).
+                tokens = speculative_step(
+                    runners["large"], runners["small"], ids, prompt_len, owners, sampler, speculation.length,
+                    max_new_tokens - len(owners), eos_ids, speculation.stats,
+                )  # fmt: skip
+            else:
+                tokens = [sampler(runners[writer].logits_for(ids, prompt_len, owners), ids)]
+            for token in tokens:
+                if len(owners) >= max_new_tokens:
                     break
-            text = detok.text
-            yield from emitter.release(text, len(text) - (stop_holdback(text, stop) if stop else 0))
+                if token in eos_ids:
+                    finish = "stop"
+                    break
+                before = detok.snapshot()
+                delta = detok.push(token)
+                ids.append(token)
+                owners.append(writer)
+                token_ends.append(len(detok.text))
+                decision = policy.observe(detok.text, delta)
+                if decision.action == "rollback":
+                    # The look-ahead token belongs to the next writer's segment: without speculation it never reached
+                    # a cache, so dropping it from the sequence is the whole rollback (sync_to handles drafts).
+                    ids.pop()
+                    owners.pop()
+                    token_ends.pop()
+                    detok.pop(before)
+                    rolled_back += 1
+                if decision.action != "continue":
+                    if reprefill_segments:
+                        runners[decision.to_model].reset()  # type: ignore[index]
+                    now = time.perf_counter()
+                    segments[-1].closed = now
+                    segments.append(Segment(decision.to_model, decision.trigger, len(owners), len(detok.text), now))  # type: ignore[arg-type]
+                if stop and decision.action != "rollback":
+                    stop_at = find_stop(detok.text, len(detok.text) - len(delta), stop)
+                    if stop_at is not None:
+                        finish = "stop_sequence"
+                        break
+                text = detok.text
+                yield from emitter.release(text, len(text) - (stop_holdback(text, stop) if stop else 0))
+                if decision.action != "continue":
+                    break  # the rest of a speculative run was written for the previous writer
+            if speculation is not None:
+                for runner in runners.values():
+                    runner.sync_to(ids)
     except BaseException as exc:
         if not isinstance(exc, GeneratorExit):
             # A failed forward pass may leave a cache half-written: forget both caches rather than trust them.
@@ -193,6 +220,9 @@ def relay_stream(
         small_catchup_tokens=small_stats.catchup_tokens if small_stats else 0,
         reused_prefix_tokens=sum(r.stats.reused_tokens for r in runners.values()),
         rolled_back_tokens=rolled_back,
+        speculative_rounds=speculation.stats.rounds if speculation else 0,
+        draft_tokens=speculation.stats.drafted if speculation else 0,
+        accepted_draft_tokens=speculation.stats.accepted if speculation else 0,
     )
     result = RelayResult(
         text=text,

@@ -26,6 +26,8 @@ class ForwardStats:
     decode_steps: int = 0
     reused_tokens: int = 0
     forward_passes: int = 0
+    draft_tokens: int = 0  # speculation: tokens this (small) runner proposed for the large model
+    verified_tokens: int = 0  # speculation: draft tokens this (large) runner checked in its verify passes
 
 
 @dataclass
@@ -87,6 +89,40 @@ class ModelRunner:
         self.last_logits = forward_tokens(self, new_ids)
         return self.last_logits
 
+    def draft_step(self, token: int) -> torch.Tensor:
+        """Appends one draft token (not yet accepted by anyone) and returns the logits after it."""
+        self.stats.draft_tokens += 1
+        self.stats.forward_passes += 1
+        self.last_logits = forward_tokens(self, [token])
+        return self.last_logits
+
+    def verify(self, ids: list[int], draft: list[int], prompt_len: int, owners: list[ModelRole]) -> torch.Tensor:
+        """Logits after ``ids`` and after each draft prefix — ``len(draft) + 1`` rows — in ONE forward pass over the
+        unseen part of ``ids`` followed by the draft (speculative verification)."""
+        if len(self.cached_ids) >= len(ids):
+            self.sync_to(ids)  # always leave one committed token to forward, so row 0 comes from this pass
+        seen = len(self.cached_ids)
+        self._account(seen, len(ids), prompt_len, owners)
+        self.stats.verified_tokens += len(draft)
+        logits = forward_tokens(self, ids[seen:] + draft, keep=len(draft) + 1).reshape(len(draft) + 1, -1)
+        self.last_logits = logits[-1]
+        return logits
+
+    def sync_to(self, ids: list[int]) -> None:
+        """Crops the cache to its longest prefix shared with ``ids`` — dropping rejected or discarded draft tokens —
+        and at most ``len(ids) - 1`` tokens, so the next call has a token to forward and fresh logits."""
+        keep = 0
+        limit = min(len(self.cached_ids), len(ids) - 1)
+        while keep < limit and self.cached_ids[keep] == ids[keep]:
+            keep += 1
+        if keep < len(self.cached_ids):
+            if keep == 0:
+                self.reset()
+                return
+            self.cache.crop(keep - len(self.cached_ids))  # type: ignore[union-attr]
+            del self.cached_ids[keep:]
+            self.last_logits = None
+
     def _account(self, seen: int, total: int, prompt_len: int, owners: list[ModelRole]) -> None:
         prompt_part = max(0, prompt_len - seen)
         self.stats.prefill_tokens += prompt_part
@@ -99,15 +135,16 @@ class ModelRunner:
 
 
 @torch.inference_mode()
-def forward_tokens(runner: ModelRunner, new_ids: list[int]) -> torch.Tensor:
-    """One forward pass over ``new_ids`` appended to the runner's cache; returns the last position's logits.
+def forward_tokens(runner: ModelRunner, new_ids: list[int], keep: int = 1) -> torch.Tensor:
+    """One forward pass over ``new_ids`` appended to the runner's cache; returns the last position's logits (1-D),
+    or with ``keep > 1`` the last ``keep`` positions' logits (2-D, one row per position).
 
-    ``logits_to_keep=1`` matters: a 32-token catch-up would otherwise project all 32 positions onto a 152k vocab.
+    ``logits_to_keep`` matters: a 32-token catch-up would otherwise project all 32 positions onto a 152k vocab.
     """
     if runner.cache is None:
         runner.cache = DynamicCache(config=runner.model.config)
     input_ids = torch.tensor([new_ids], dtype=torch.long, device=runner.device)
     kwargs = {runner.cache_kwarg: runner.cache}
-    output = runner.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **kwargs)
+    output = runner.model(input_ids=input_ids, use_cache=True, logits_to_keep=keep, **kwargs)
     runner.cached_ids.extend(new_ids)
-    return output.logits[0, -1].float()
+    return output.logits[0, -1].float() if keep == 1 else output.logits[0, -keep:].float()

@@ -53,6 +53,11 @@ class Usage:
     small_catchup_tokens: int = 0
     reused_prefix_tokens: int = 0
     rolled_back_tokens: int = 0
+    # Self-speculative decoding of the large model's segments (0 when off): verify passes, tokens the small model
+    # proposed, and how many of them the large model accepted.
+    speculative_rounds: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -62,6 +67,11 @@ class Usage:
     def small_share(self) -> float:
         """Fraction of completion tokens written by the small model (the paper's f)."""
         return self.small_tokens / self.completion_tokens if self.completion_tokens else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of drafted tokens the large model accepted (speculation only)."""
+        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -84,6 +84,9 @@ class RelayChatModel(BaseChatModel):
     seed: int | None = None
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     mode: Literal["relay", "large", "small"] = "relay"
+    speculative: bool | int = False
+    """Self-speculative decoding: the small model drafts for the large model's tokens (same output, greedy); an int
+    bounds the adaptive draft length."""
     chat_template_kwargs: dict[str, Any] | None = None
     streaming: bool = False
     """Whether ``invoke`` streams internally (so callbacks see tokens)."""
@@ -108,7 +111,8 @@ class RelayChatModel(BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {
-            "model_name": self.model_name, "cues": self.cues, "mode": self.mode, "temperature": self.temperature,
+            "model_name": self.model_name, "cues": self.cues, "mode": self.mode, "speculative": self.speculative,
+            "temperature": self.temperature,
             "max_tokens": self.max_tokens, "top_p": self.top_p, "top_k": self.top_k, "dtype": self.dtype,
         }  # fmt: skip
 
@@ -191,6 +195,7 @@ class RelayChatModel(BaseChatModel):
             "top_k": kwargs.pop("top_k", self.top_k),
             "seed": kwargs.pop("seed", self.seed),
             "mode": kwargs.pop("mode", self.mode),
+            "speculative": kwargs.pop("speculative", self.speculative),
             "stop": stops or None,
         }
         template_kwargs = kwargs.pop("chat_template_kwargs", self.chat_template_kwargs)

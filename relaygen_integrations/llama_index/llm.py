@@ -55,7 +55,7 @@ dispatcher = get_dispatcher(__name__)
 
 # Per-call keyword arguments that override the LLM's generation settings; anything else LlamaIndex passes through
 # (it forwards whatever a caller gives chat_with_tools) is ignored, as other LlamaIndex LLMs do.
-_SETTING_KEYS = ("temperature", "top_p", "top_k", "seed", "stop", "mode")
+_SETTING_KEYS = ("temperature", "top_p", "top_k", "seed", "stop", "mode", "speculative")
 _ROLE_MAP: dict[str, str] = {
     MessageRole.SYSTEM.value: "system",
     MessageRole.DEVELOPER.value: "system",
@@ -315,6 +315,11 @@ class RelayLLM(FunctionCallingLLM):
     mode: Literal["relay", "large", "small"] = Field(
         default="relay", description="'relay', or one model alone through the same loop (baselines)."
     )
+    speculative: bool | int = Field(
+        default=False,
+        description="The small model drafts for the large model's tokens (same greedy output); an int bounds the "
+        "adaptive draft length.",
+    )
     context_window: int | None = Field(
         default=None, gt=0, description="Override; by default the large model's max_position_embeddings."
     )
@@ -385,6 +390,7 @@ class RelayLLM(FunctionCallingLLM):
             "seed": self.seed,
             "stop": self.stop,
             "mode": self.mode,
+            "speculative": self.speculative,
         }
         for key in _SETTING_KEYS:
             if overrides.get(key) is not None:
