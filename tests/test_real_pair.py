@@ -66,3 +66,20 @@ def test_tokenizers_of_the_pair_agree(engine):
 
     small_tokenizer = AutoTokenizer.from_pretrained(paths.small)
     assert small_tokenizer.get_vocab() == engine.tokenizer.get_vocab()
+
+
+def test_self_speculation_on_the_real_pair(engine, questions):
+    """The 0.5B model drafts for the 1.5B: most drafts are accepted, and the text is the large model's own (bf16
+    verification of several positions at once may round differently from one-token decoding, so the check is a long
+    shared prefix; the tiny fp32 pair checks exact token identity)."""
+    prompt_ids = engine.encode_messages(math_messages(questions[0]))
+    plain = engine.generate_ids(prompt_ids, max_new_tokens=48, mode="large")
+    spec = engine.generate_ids(prompt_ids, max_new_tokens=48, mode="large", speculative=True)
+    usage = spec.usage
+    assert usage.acceptance_rate > 0.4, usage
+    assert usage.speculative_rounds < usage.completion_tokens / 1.5, usage
+    pairs = zip(plain.completion_ids, spec.completion_ids, strict=False)
+    shared = next((i for i, (a, b) in enumerate(pairs) if a != b), 48)
+    assert shared >= 24, (plain.text, spec.text)
+    relay = engine.generate_ids(prompt_ids, max_new_tokens=48, speculative=True)
+    assert relay.usage.small_tokens > 0 and relay.usage.draft_tokens > 0
