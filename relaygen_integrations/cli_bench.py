@@ -21,13 +21,20 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/latest"))
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 problems, 48 tokens, every mode")
+    parser.add_argument(
+        "--rerender", type=Path, default=None, metavar="DIR", help="recompute the report of a saved run in DIR"
+    )
     parser.set_defaults(func=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .bench import BenchConfig, run_benchmark
+    from .bench import BenchConfig, rerender, run_benchmark
 
     console = Console()
+    if args.rerender is not None:
+        rerender(args.rerender)
+        console.print((args.rerender / "report.md").read_text())
+        return 0
     config = BenchConfig(
         data=args.data,
         n=2 if args.quick else args.n,
