@@ -7,7 +7,15 @@ import json
 import pytest
 from helpers import chat_engine
 
-from relaygen_integrations.bench import BenchConfig, Run, answers_match, extract_answer, run_benchmark, summarize
+from relaygen_integrations.bench import (
+    BenchConfig,
+    Run,
+    answers_match,
+    extract_answer,
+    rerender,
+    run_benchmark,
+    summarize,
+)
 from relaygen_integrations.cli import main
 
 
@@ -45,6 +53,7 @@ def test_summary_computes_ideal_and_measured_speedups():
     assert relay["measured_speedup"] == pytest.approx(1.25)
     assert relay["efficiency"] == pytest.approx(1.25 * (0.7 + 0.3 * 0.4))
     assert relay["accuracy"] == 0.0 and summary["large"]["accuracy"] == 1.0
+    assert relay["median_speedup_vs_large"] == pytest.approx(1.25)
 
 
 def test_benchmark_writes_every_output(tmp_path, tokenizer):
@@ -58,6 +67,8 @@ def test_benchmark_writes_every_output(tmp_path, tokenizer):
         assert (tmp_path / name).stat().st_size > 0
     assert "class='small'" in (tmp_path / "traces.html").read_text()
     assert json.loads((tmp_path / "results.json").read_text())["machine"]["cores"] >= 1
+    (tmp_path / "report.md").unlink()
+    assert rerender(tmp_path)["summary"] == report["summary"] and (tmp_path / "report.md").exists()
 
 
 def test_modes_compare_cue_sets_in_one_run(tmp_path, tokenizer):
