@@ -47,6 +47,7 @@ class BenchConfig(BaseModel):
     temperature: float = 0.0
     seed: int | None = 0
     out: Path = Path("benchmarks/results/latest")
+    resume: bool = False  # keep the complete problems of a saved run in ``out`` and run only the missing ones
 
 
 @dataclass
@@ -187,12 +188,15 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
     unknown = [m for m in config.modes if m not in modes]
     if unknown:
         raise ValueError(f"unknown benchmark modes {unknown}; known: {sorted(modes)}")
-    runs: list[Run] = []
-    report: dict[str, Any] = {}
+    runs = load_completed_runs(config) if config.resume else []
+    done = {r.problem for r in runs}
+    report: dict[str, Any] = make_report(config, runs) if runs else {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task("benchmark", total=len(records) * len(config.modes))
+        task = progress.add_task("benchmark", total=len(records) * len(config.modes), completed=len(runs))
         for index, record in enumerate(records):
+            if index in done:
+                continue
             messages = math_messages(record["question"])
             reference = gsm8k_reference_answer(record)
             shift = index % len(config.modes)
@@ -214,6 +218,24 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
             report = make_report(config, runs)
             write_outputs(report, config.out)
     return report
+
+
+def load_completed_runs(config: BenchConfig) -> list[Run]:
+    """The runs of problems a saved run in ``config.out`` finished in every mode (a problem is the unit that runs
+    interleaved, so a half-finished one is run again whole). The saved settings must match."""
+    path = config.out / "results.json"
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    ignored = {"n", "resume", "out"}
+    old = {k: v for k, v in saved["config"].items() if k not in ignored}
+    new = {k: v for k, v in json.loads(config.model_dump_json()).items() if k not in ignored}
+    if old != new:
+        changed = sorted(k for k in new if old.get(k) != new[k])
+        raise ValueError(f"cannot resume {path}: its settings differ in {changed}")
+    runs = [Run(**run) for run in saved["runs"]]
+    complete = {p for p in {r.problem for r in runs} if {r.mode for r in runs if r.problem == p} >= set(config.modes)}
+    return [r for r in runs if r.problem in complete and r.problem < config.n]
 
 
 def make_report(config: BenchConfig, runs: list[Run]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/latest"))
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 problems, 48 tokens, every mode")
+    parser.add_argument("--resume", action="store_true", help="keep the finished problems of the run in --out")
     parser.add_argument(
         "--rerender", type=Path, default=None, metavar="DIR", help="recompute the report of a saved run in DIR"
     )
@@ -46,6 +47,7 @@ def run_bench(args: argparse.Namespace) -> int:
         max_new_tokens=48 if args.quick else args.max_new_tokens,
         temperature=args.temperature,
         out=args.out,
+        resume=args.resume,
     )
     run_benchmark(config, console)
     console.print((config.out / "report.md").read_text())

@@ -67,6 +67,13 @@ def test_benchmark_writes_every_output(tmp_path, tokenizer):
         assert (tmp_path / name).stat().st_size > 0
     assert "class='small'" in (tmp_path / "traces.html").read_text()
     assert json.loads((tmp_path / "results.json").read_text())["machine"]["cores"] >= 1
+    # Resuming keeps finished problems and runs only the missing ones; settings must match.
+    more = run_benchmark(config.model_copy(update={"n": 3, "resume": True}), engine=engine)
+    assert [r["problem"] for r in more["runs"]] == [r["problem"] for r in report["runs"]] + [2] * 4
+    assert more["runs"][: len(report["runs"])] == report["runs"]
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        run_benchmark(config.model_copy(update={"max_new_tokens": 7, "resume": True}), engine=engine)
+    report = json.loads((tmp_path / "results.json").read_text())
     (tmp_path / "report.md").unlink()
     assert rerender(tmp_path)["summary"] == report["summary"] and (tmp_path / "report.md").exists()
 
