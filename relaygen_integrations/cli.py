@@ -19,6 +19,7 @@ from relaygen_integrations import models_registry as registry
 from relaygen_integrations.cli_bench import add_bench_parser
 from relaygen_integrations.cli_calibrate import add_calibrate_parser
 from relaygen_integrations.cli_generate import add_demo_parser, add_generate_parser
+from relaygen_integrations.cli_serve import add_serve_parser
 
 __all__ = ["build_parser", "main"]
 
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_parser(sub)
     add_bench_parser(sub)
     add_calibrate_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 

@@ -156,6 +156,37 @@ class RelayEngine:
                 _SHARED_ENGINES[key] = engine
             return engine
 
+    @classmethod
+    def from_endpoints(
+        cls,
+        large: str,
+        small: str | None,
+        tokenizer: str | PreTrainedTokenizerBase,
+        cues: CueSet | str | list[str] = "auto",
+        policy: PolicyConfig | Mapping[str, Any] | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        retries: int = 2,
+        **options: Any,
+    ) -> RelayEngine:
+        """The same engine over two OpenAI-compatible completion servers (vLLM, SGLang, llama.cpp, ``relaygen serve
+        --single``): ``large``/``small`` are base URLs such as ``http://host:8000/v1``; ``tokenizer`` (a hub id, a
+        local directory or a tokenizer) renders the chat template here and must be the servers' tokenizer.
+
+        ``options``: ``large_model``/``small_model`` (served model names; default: the first each server lists),
+        ``context_window``, ``server_stops`` (default True), ``trust_remote_code``. Design: ``engine/remote.py``.
+        """
+        try:
+            from .remote import RemoteRelayEngine
+        except ModuleNotFoundError as exc:
+            if exc.name != "httpx":
+                raise
+            raise ImportError("the remote backend needs httpx: pip install 'relaygen-integrations[serve]'") from exc
+        return RemoteRelayEngine(
+            large, small, tokenizer, cues, policy, api_key=api_key, timeout=timeout, retries=retries, **options
+        )
+
     # -- request preparation ------------------------------------------------------------------------------------
     def encode_messages(
         self,

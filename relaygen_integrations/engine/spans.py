@@ -58,6 +58,9 @@ class Usage:
     speculative_rounds: int = 0
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    # Remote backend (``RelayEngine.from_endpoints``): completion requests sent to the servers, one per segment plus
+    # one per continuation after a server-side stop the policy did not act on; 0 for local models.
+    requests: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -1,0 +1,69 @@
+"""`relaygen serve`: the relay (or, with --single, one model) behind an OpenAI-compatible HTTP API."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .cli_generate import _cues_arg
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "serve",
+        help="serve the relay (or one model with --single) over an OpenAI-compatible HTTP API",
+        description="Relay mode: POST /v1/chat/completions (JSON or SSE) and GET /v1/models, with spans and per-model "
+        "token counts in every response. --single: one model as a plain POST /v1/completions server (token-id or "
+        "text prompts, vLLM-style stop_reason and return_token_ids), the counterpart of "
+        "RelayEngine.from_endpoints.",
+    )
+    parser.add_argument("--large", default="demo", help="known pair name, hub id or local dir (default: demo)")
+    parser.add_argument("--small", default="demo", help="known pair name, hub id or local dir (default: demo)")
+    parser.add_argument("--cues", default="auto", help="auto | qwen3 | r1 | generic | none | comma list | profile.json")
+    parser.add_argument("--single", action="store_true", help="serve one model (--model) as a completion server")
+    parser.add_argument("--model", default=None, help="with --single: pair role (demo:small), hub id or local dir")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16) | bf16 | fp32")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("RELAYGEN_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $RELAYGEN_API_KEY, else no key)",
+    )
+    parser.add_argument("--served-model-name", default=None, help="the model id clients send and /v1/models lists")
+    parser.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    if args.single and not args.model:
+        print("relaygen serve: --single needs --model (e.g. --model demo:small or a hub id)", file=sys.stderr)
+        return 2
+    if not 0 < args.port < 65536:
+        print(f"relaygen serve: --port must be 1..65535, got {args.port}", file=sys.stderr)
+        return 2
+    try:
+        # FastAPI, uvicorn, torch and transformers load only when a server really starts.
+        from .serve import LOOPBACK_HOSTS, create_app, create_single_app, run_server
+    except ImportError as exc:
+        raise RuntimeError(f"relaygen serve needs: pip install 'relaygen-integrations[serve]' ({exc})") from exc
+    from .engine import RelayEngine
+    from .engine.models import load_causal_lm, load_tokenizer, pick_device, pick_dtype, resolve_reference
+
+    if args.host not in LOOPBACK_HOSTS and not args.api_key:
+        print(f"relaygen serve: warning: listening on {args.host} without --api-key", file=sys.stderr)
+    if args.single:
+        device = pick_device(args.device)
+        dtype = pick_dtype(args.dtype, device)
+        reference, _pair = resolve_reference(args.model, "large", dtype)
+        model = load_causal_lm(reference, dtype, device)
+        name = args.served_model_name or args.model
+        app = create_single_app(model, load_tokenizer(reference), served_model_name=name, api_key=args.api_key)
+    else:
+        engine = RelayEngine.from_pretrained(
+            args.large, args.small, cues=_cues_arg(args.cues), device=args.device, dtype=args.dtype
+        )
+        app = create_app(engine, served_model_name=args.served_model_name or "relaygen", api_key=args.api_key)
+    run_server(app, args.host, args.port)
+    return 0
