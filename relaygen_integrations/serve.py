@@ -35,12 +35,12 @@ from .chat.relay_chat import ChatDelta, astream_chat, prepare_chat
 from .chat.tool_calls import ToolCall
 from .engine.detokenize import IncrementalDetokenizer
 from .engine.engine import RelayEngine
-from .engine.generate import find_stop, stop_holdback
 from .engine.models import context_window, eos_token_ids
 from .engine.remote import EndpointError
 from .engine.runner import ModelRunner
 from .engine.sampling import Sampler, SamplingParams
 from .engine.spans import ModelRole, RelayResult
+from .engine.transcript import find_stop, stop_holdback
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 _FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "cancelled": "stop"}

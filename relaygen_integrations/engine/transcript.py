@@ -1,23 +1,83 @@
 """The completion under construction, token by token: backend-agnostic bookkeeping of a relay generation.
 
-A backend only has to produce token ids for the current writer; :class:`Transcript` does the rest exactly as the local
-loop in ``generate.py`` does: exact incremental text, the policy's decision after every token (dropping a rolled-back
-look-ahead token), stop sequences across switches, span boundaries, stream events, and the final ``RelayResult``.
-The remote backend (``remote.py``) drives it with tokens streamed from OpenAI-compatible servers.
+A backend only has to produce token ids for the current writer; :class:`Transcript` does the rest: exact incremental
+text, the policy's decision after every token (dropping a rolled-back look-ahead token), stop sequences across
+switches, span boundaries, stream events, and the final ``RelayResult``. Both backends drive it - the local loop
+(``generate.py``) with tokens from its two runners, the remote backend (``remote.py``) with tokens streamed from
+OpenAI-compatible servers - so they cannot drift apart.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from .detokenize import IncrementalDetokenizer
-from .generate import Emitter, Segment, build_spans, find_stop, stop_holdback
 from .policy import Decision, RelayPolicy
-from .spans import FinalEvent, FinishReason, ModelRole, RelayResult, StreamEvent, Usage
+from .spans import FinalEvent, FinishReason, ModelRole, RelayResult, Span, StreamEvent, SwitchEvent, TextEvent, Usage
+
+
+@dataclass
+class Segment:
+    """A span under construction: where it starts in tokens and characters, and when it opened/closed."""
+
+    model: ModelRole
+    trigger: str
+    token_start: int
+    char_start: int
+    opened: float
+    closed: float | None = None
+
+
+def find_stop(text: str, new_from: int, stops: Sequence[str]) -> int | None:
+    """Earliest start of a stop sequence that overlaps the text added since ``new_from``."""
+    best: int | None = None
+    for stop in stops:
+        index = text.find(stop, max(0, new_from - len(stop) + 1))
+        if index >= 0 and (best is None or index < best):
+            best = index
+    return best
+
+
+def stop_holdback(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of a stop sequence (must not be emitted yet)."""
+    longest = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:k]):
+                longest = k
+                break
+    return longest
+
+
+class Emitter:
+    """Releases final text as events, split at span boundaries, announcing each switch before the span's text."""
+
+    def __init__(self, segments: list[Segment]) -> None:
+        self.segments = segments
+        self.emitted = 0
+        self.cursor = 0  # index of the segment whose text is being emitted
+
+    def release(self, text: str, limit: int, final: bool = False) -> Iterator[StreamEvent]:
+        while True:
+            has_next = self.cursor + 1 < len(self.segments)
+            seg_end = self.segments[self.cursor + 1].char_start if has_next else len(text)
+            end = min(limit, seg_end)
+            if end > self.emitted:
+                seg = self.segments[self.cursor]
+                yield TextEvent(text[self.emitted : end], seg.model, self.cursor)
+                self.emitted = end
+            # Announce the next span once its text is about to be emitted (or at the end, even if it is empty).
+            if has_next and (limit > seg_end or (final and self.emitted >= seg_end)):
+                previous, self.cursor = self.segments[self.cursor], self.cursor + 1
+                current = self.segments[self.cursor]
+                yield SwitchEvent(previous.model, current.model, current.trigger, current.char_start, self.cursor)
+            else:
+                return
 
 
 class Transcript:
@@ -114,3 +174,24 @@ class Transcript:
                 elapsed=ended - self.started,
             )
         )
+
+
+def build_spans(segments: list[Segment], text: str, kept_tokens: int) -> list[Span]:
+    spans: list[Span] = []
+    for k, seg in enumerate(segments):
+        nxt = segments[k + 1] if k + 1 < len(segments) else None
+        char_end = min(nxt.char_start, len(text)) if nxt else len(text)
+        token_end = min(nxt.token_start, kept_tokens) if nxt else kept_tokens
+        start = min(seg.char_start, len(text))
+        spans.append(
+            Span(
+                model=seg.model,
+                trigger=seg.trigger,
+                start=start,
+                end=char_end,
+                text=text[start:char_end],
+                token_count=max(0, token_end - seg.token_start),
+                duration=(seg.closed or seg.opened) - seg.opened,
+            )
+        )
+    return spans
