@@ -188,12 +188,14 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
     unknown = [m for m in config.modes if m not in modes]
     if unknown:
         raise ValueError(f"unknown benchmark modes {unknown}; known: {sorted(modes)}")
-    runs = load_completed_runs(config) if config.resume else []
+    runs, saved_modes = load_completed_runs(config) if config.resume else ([], [])
     done = {r.problem for r in runs}
-    report: dict[str, Any] = make_report(config, runs) if runs else {}
+    report_modes = list(dict.fromkeys([*saved_modes, *config.modes]))
+    report: dict[str, Any] = make_report(config, runs, report_modes) if runs else {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task("benchmark", total=len(records) * len(config.modes), completed=len(runs))
+        task = progress.add_task("benchmark", total=len(records) * len(config.modes))
+        progress.advance(task, sum(r.mode in config.modes for r in runs))
         for index, record in enumerate(records):
             if index in done:
                 continue
@@ -215,19 +217,21 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
                 )
                 progress.advance(task)
             # Outputs are rewritten after every problem: an interrupted run keeps everything it measured.
-            report = make_report(config, runs)
+            report = make_report(config, runs, report_modes)
             write_outputs(report, config.out)
     return report
 
 
-def load_completed_runs(config: BenchConfig) -> list[Run]:
-    """The runs of problems a saved run in ``config.out`` finished in every mode (a problem is the unit that runs
-    interleaved, so a half-finished one is run again whole). The saved settings must match."""
+def load_completed_runs(config: BenchConfig) -> tuple[list[Run], list[str]]:
+    """The runs of problems a saved run in ``config.out`` finished in every one of ``config.modes`` (a problem is
+    the unit that runs interleaved, so a half-finished one is run again whole), and the saved run's modes. The other
+    settings must match; the mode list may shrink (e.g. to drop a slow baseline once it has enough problems) — the
+    saved runs of dropped modes stay in the report with the problems they have."""
     path = config.out / "results.json"
     if not path.exists():
-        return []
+        return [], []
     saved = json.loads(path.read_text())
-    ignored = {"n", "resume", "out"}
+    ignored = {"n", "resume", "out", "modes"}
     old = {k: v for k, v in saved["config"].items() if k not in ignored}
     new = {k: v for k, v in json.loads(config.model_dump_json()).items() if k not in ignored}
     if old != new:
@@ -235,13 +239,19 @@ def load_completed_runs(config: BenchConfig) -> list[Run]:
         raise ValueError(f"cannot resume {path}: its settings differ in {changed}")
     runs = [Run(**run) for run in saved["runs"]]
     complete = {p for p in {r.problem for r in runs} if {r.mode for r in runs if r.problem == p} >= set(config.modes)}
-    return [r for r in runs if r.problem in complete and r.problem < config.n]
+    return [r for r in runs if r.problem in complete and r.problem < config.n], list(saved["config"]["modes"])
 
 
-def make_report(config: BenchConfig, runs: list[Run]) -> dict[str, Any]:
-    summary = summarize(runs, config.modes)
-    return {"config": json.loads(config.model_dump_json()), "machine": machine_info(config), "summary": summary,
-            "problems_done": len({r.problem for r in runs}), "runs": [asdict(r) for r in runs]}  # fmt: skip
+def make_report(config: BenchConfig, runs: list[Run], modes: list[str] | None = None) -> dict[str, Any]:
+    modes = [m for m in (modes or config.modes) if any(r.mode == m for r in runs)]
+    summary = summarize(runs, modes)
+    return {
+        "config": json.loads(config.model_dump_json()) | {"modes": modes},
+        "machine": machine_info(config),
+        "summary": summary,
+        "problems_done": len({r.problem for r in runs}),
+        "runs": [asdict(r) for r in runs],
+    }
 
 
 def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:

@@ -71,6 +71,12 @@ def test_benchmark_writes_every_output(tmp_path, tokenizer):
     more = run_benchmark(config.model_copy(update={"n": 3, "resume": True}), engine=engine)
     assert [r["problem"] for r in more["runs"]] == [r["problem"] for r in report["runs"]] + [2] * 4
     assert more["runs"][: len(report["runs"])] == report["runs"]
+    # The mode list may shrink: new problems run the kept modes, the dropped modes keep the problems they have.
+    fewer = run_benchmark(
+        config.model_copy(update={"n": 4, "resume": True, "modes": ["large", "relay"]}), engine=engine
+    )
+    assert sorted(r["mode"] for r in fewer["runs"] if r["problem"] == 3) == ["large", "relay"]
+    assert fewer["summary"]["small"]["n"] == 3 and fewer["summary"]["large"]["n"] == 4
     with pytest.raises(ValueError, match="max_new_tokens"):
         run_benchmark(config.model_copy(update={"max_new_tokens": 7, "resume": True}), engine=engine)
     report = json.loads((tmp_path / "results.json").read_text())
