@@ -81,5 +81,7 @@ def test_self_speculation_on_the_real_pair(engine, questions):
     pairs = zip(plain.completion_ids, spec.completion_ids, strict=False)
     shared = next((i for i, (a, b) in enumerate(pairs) if a != b), 48)
     assert shared >= 24, (plain.text, spec.text)
-    relay = engine.generate_ids(prompt_ids, max_new_tokens=48, speculative=True)
-    assert relay.usage.small_tokens > 0 and relay.usage.draft_tokens > 0
+    # Relay with speculation: cues still hand sentences to the small model (160 tokens: the first cue of these
+    # answers can come late, see test_both_models_write_spans_on_gsm8k).
+    relay = engine.generate_ids(prompt_ids, max_new_tokens=160, speculative=True)
+    assert relay.usage.small_tokens > 0 and relay.usage.draft_tokens > 0, relay.spans
