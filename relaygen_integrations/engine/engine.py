@@ -48,8 +48,8 @@ class GenerationPlan:
     sampling: SamplingParams
     stop: tuple[str, ...]
     mode: Mode
+    cues: CueSet  # the request's own, or the engine's when the request names none
     reprefill_segments: bool = False
-    cues: CueSet | None = None  # None: the engine's cues
     speculative: int = 0  # maximum draft length of self-speculative decoding; 0 = off
 
 
@@ -240,12 +240,12 @@ class RelayEngine:
             )
         try:
             # Per-request cues (e.g. comparing cue sets on one loaded pair); None keeps the engine's own.
-            request_cues = None if cues is None else resolve_cues(cues, self.pair_name)
+            request_cues = self.cues if cues is None else resolve_cues(cues, self.pair_name)
         except CueConfigError as exc:
             raise GenerationError(str(exc)) from exc
         draft_limit = self.speculative if speculative is None else self._draft_limit(speculative)
         return GenerationPlan(
-            ids, min(max_new_tokens, room), sampling, stops, mode, reprefill_segments, request_cues, draft_limit
+            ids, min(max_new_tokens, room), sampling, stops, mode, request_cues, reprefill_segments, draft_limit
         )
 
     def _draft_limit(self, speculative: bool | int) -> int:
@@ -268,7 +268,7 @@ class RelayEngine:
             both = plan.mode == "relay" or (plan.mode == "large" and plan.speculative > 0)
             runners = {role: self.runners[role] for role in (("large", "small") if both else (plan.mode,))}
             speculation = Speculation(DraftLength(plan.speculative)) if plan.speculative and both else None
-            policy = RelayPolicy(plan.cues if plan.cues is not None else self.cues, self.policy_config, plan.mode)
+            policy = RelayPolicy(plan.cues, self.policy_config, plan.mode)
             yield from relay_stream(
                 runners,
                 self.tokenizer,

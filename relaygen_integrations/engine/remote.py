@@ -527,5 +527,5 @@ class RemoteRelayEngine(RelayEngine):
 
     def run_plan(self, plan: GenerationPlan, cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
         """The stream of one planned request; closing it closes the open HTTP request."""
-        policy = RelayPolicy(plan.cues if plan.cues is not None else self.cues, self.policy_config, plan.mode)
+        policy = RelayPolicy(plan.cues, self.policy_config, plan.mode)
         return remote_relay_stream(self.runners, self.tokenizer, plan, policy, self.eos_ids, cancel, self.server_stops)
