@@ -71,7 +71,7 @@ def draft(
     logits = small.logits_for(ids, prompt_len, owners)  # catch-up on everything committed since the last draft
     tokens: list[int] = []
     draft_probs: list[torch.Tensor] = []
-    context = list(ids)
+    context = [] if sampler.params.greedy else list(ids)  # only sampling's processors read the sequence
     for step in range(length):
         if step:
             logits = small.draft_step(tokens[-1])
@@ -82,7 +82,8 @@ def draft(
             token = int(torch.multinomial(q, num_samples=1, generator=sampler.generator))
             draft_probs.append(q)
         tokens.append(token)
-        context.append(token)
+        if not sampler.params.greedy:
+            context.append(token)
         if token in eos_ids:
             break
     return tokens, draft_probs
