@@ -69,6 +69,8 @@ class Run:
     speculative_rounds: int = 0
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    large_forward_seconds: float = 0.0  # time inside each model's forward passes (engine modes only)
+    small_forward_seconds: float = 0.0
     spans: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -126,6 +128,8 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
                 "speculative_rounds": usage.speculative_rounds,
                 "draft_tokens": usage.draft_tokens,
                 "accepted_draft_tokens": usage.accepted_draft_tokens,
+                "large_forward_seconds": usage.large_forward_seconds,
+                "small_forward_seconds": usage.small_forward_seconds,
                 "spans": [s.to_dict() for s in result.spans],
             }
             return result.text, usage.completion_tokens, result.finish_reason, details
@@ -295,6 +299,27 @@ def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
                 acceptance_rate=sum(x.accepted_draft_tokens for x in by_mode[mode]) / drafted,
                 mean_draft_length=drafted / rounds,
             )
+    for mode, entry in summary.items():
+        mode_runs = by_mode[mode]
+        large_forward = sum(x.large_forward_seconds for x in mode_runs)
+        small_forward = sum(x.small_forward_seconds for x in mode_runs)
+        tokens = sum(x.completion_tokens for x in mode_runs)
+        if (large_forward or small_forward) and tokens:
+            # Where the time goes, per generated token: inside the large model, inside the small one, and the rest
+            # (sampling, detokenizing, policy, Python). Speculation adds the verify-pass cost per large forward.
+            entry.update(
+                large_forward_ms_per_token=1000 * large_forward / tokens,
+                small_forward_ms_per_token=1000 * small_forward / tokens,
+                other_ms_per_token=1000 * (sum(x.seconds for x in mode_runs) - large_forward - small_forward) / tokens,
+            )
+            rounds = sum(x.speculative_rounds for x in mode_runs)
+            drafted = sum(x.draft_tokens for x in mode_runs)
+            if rounds and drafted:
+                entry.update(
+                    ms_per_verify_pass=1000 * large_forward / rounds,
+                    ms_per_draft_token=1000 * small_forward / drafted,
+                    tokens_per_verify_pass=sum(x.completion_tokens - x.small_tokens for x in mode_runs) / rounds,
+                )
     if large is not None:
         large_by_problem = {r.problem: r for r in by_mode["large"]}
         for mode, entry in summary.items():
@@ -376,6 +401,28 @@ def render_markdown(report: dict[str, Any]) -> str:
     if "relay" in summary and "r" in summary["relay"]:
         lines += ["", f"r (small/large cost per token, measured in this run) = {summary['relay']['r']:.3f}; "
                   "ideal speed-up = 1/((1−f)+f·r); speed-ups compare seconds per token."]  # fmt: skip
+    split = {mode: s for mode, s in summary.items() if "large_forward_ms_per_token" in s}
+    if split:
+        lines += [
+            "",
+            "Where the time goes, per generated token (ms): inside the large model's forward passes, inside the small"
+            " model's, and the rest (sampling, detokenizing, policy, Python). Speculative modes: cost of one verify"
+            " pass and of one drafted token, and large-model tokens gained per verify pass.",
+            "",
+            "| mode | large fwd | small fwd | other | total | ms per verify pass | ms per draft token"
+            " | large tokens per verify pass |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for mode, s in split.items():
+            total = s["large_forward_ms_per_token"] + s["small_forward_ms_per_token"] + s["other_ms_per_token"]
+            cells = [mode, f"{s['large_forward_ms_per_token']:.0f}", f"{s['small_forward_ms_per_token']:.0f}",
+                     f"{s['other_ms_per_token']:.0f}", f"{total:.0f}"]  # fmt: skip
+            if "ms_per_verify_pass" in s:
+                cells += [f"{s['ms_per_verify_pass']:.0f}", f"{s['ms_per_draft_token']:.0f}",
+                          f"{s['tokens_per_verify_pass']:.2f}"]  # fmt: skip
+            else:
+                cells += ["", "", ""]
+            lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "![speed vs accuracy](speed_accuracy.png)", ""]
     return "\n".join(lines)
 

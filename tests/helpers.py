@@ -91,7 +91,7 @@ class ScriptedLM(torch.nn.Module):
         # One row per kept position (speculative verification keeps several), each predicting the next token.
         logits = torch.zeros(1, logits_to_keep, self.config.vocab_size)
         for row in range(logits_to_keep):
-            logits[0, row, self.next_token(sequence[: len(sequence) - logits_to_keep + 1 + row])] = 10.0
+            logits[0, row, self.next_token(sequence[: len(sequence) - logits_to_keep + 1 + row])] = 20.0
         return SimpleNamespace(logits=logits)
 
 

@@ -12,6 +12,7 @@ from relaygen_integrations.bench import (
     Run,
     answers_match,
     extract_answer,
+    render_markdown,
     rerender,
     run_benchmark,
     summarize,
@@ -54,6 +55,25 @@ def test_summary_computes_ideal_and_measured_speedups():
     assert relay["efficiency"] == pytest.approx(1.25 * (0.7 + 0.3 * 0.4))
     assert relay["accuracy"] == 0.0 and summary["large"]["accuracy"] == 1.0
     assert relay["median_speedup_vs_large"] == pytest.approx(1.25)
+
+
+def test_summary_splits_time_between_the_models():
+    spec = Run(0, "large-spec", 6.0, 100, "stop", "", "1", "1", True, speculative_rounds=25, draft_tokens=120,
+               accepted_draft_tokens=75, large_forward_seconds=3.0, small_forward_seconds=2.4)  # fmt: skip
+    large = Run(0, "large", 10.0, 100, "stop", "", "1", "1", True, large_forward_seconds=9.5)
+    summary = summarize([large, spec], ["large", "large-spec"])
+    assert summary["large"]["large_forward_ms_per_token"] == pytest.approx(95.0)
+    assert summary["large"]["other_ms_per_token"] == pytest.approx(5.0)
+    entry = summary["large-spec"]
+    assert entry["small_forward_ms_per_token"] == pytest.approx(24.0)
+    assert entry["ms_per_verify_pass"] == pytest.approx(120.0)
+    assert entry["ms_per_draft_token"] == pytest.approx(20.0)
+    assert entry["tokens_per_verify_pass"] == pytest.approx(4.0)
+    assert entry["acceptance_rate"] == pytest.approx(75 / 120) and entry["mean_draft_length"] == pytest.approx(4.8)
+    report = render_markdown({"config": BenchConfig(modes=["large"]).model_dump(mode="json"), "summary": summary,
+                              "machine": {"cpu": "x", "cores": 2, "threads": 2, "torch": "t", "dtype": "bf16",
+                                          "device": "cpu"}})  # fmt: skip
+    assert "| large-spec | 30 | 24 | 6 | 60 | 120 | 20 | 4.00 |" in report
 
 
 def test_benchmark_writes_every_output(tmp_path, tokenizer):

@@ -78,6 +78,8 @@ def pair(tokenizer):
 
 def relay_engine(tokenizer, large, small, **kwargs) -> RelayEngine:
     cues = ["the", "a", "The", "and", "to", "of", "is", "in"]
+    # Random weights give flat distributions: without ``draft_confidence=0`` every draft would stop after one token.
+    kwargs.setdefault("draft_confidence", 0.0)
     return RelayEngine(
         large, small, tokenizer, cues=cues, policy={"min_large_tokens": 1, "max_small_tokens": 3}, **kwargs
     )
@@ -92,6 +94,23 @@ def test_greedy_speculation_is_token_identical_on_a_real_pair(tokenizer, pair, m
     assert spec.completion_ids == plain.completion_ids
     assert [(s.model, s.text) for s in spec.spans] == [(s.model, s.text) for s in plain.spans]
     assert spec.usage.speculative_rounds > 0 and spec.usage.draft_tokens > 0
+    # Where the time went: the small model's passes are drafts (and, under relay, its own segments); the small
+    # model's share comes from its own segments only without speculation.
+    assert 0 < spec.usage.large_forward_seconds + spec.usage.small_forward_seconds <= spec.elapsed
+    assert spec.usage.small_forward_seconds > 0
+    assert (plain.usage.small_forward_seconds > 0) == (plain.usage.small_tokens > 0)
+
+
+def test_an_unconfident_draft_stops_early_and_changes_nothing_but_the_cost(tokenizer, pair):
+    prompt_ids = relay_engine(tokenizer, *pair).encode_messages(MESSAGES)
+    eager = relay_engine(tokenizer, *pair).generate_ids(prompt_ids, max_new_tokens=40, mode="large", speculative=5)
+    cautious = relay_engine(tokenizer, *pair, draft_confidence=1.0)  # no token is that certain: one-token drafts
+    careful = cautious.generate_ids(prompt_ids, max_new_tokens=40, mode="large", speculative=5)
+    assert careful.completion_ids == eager.completion_ids
+    # At most one token per round (the last round may have no room left to draft at all).
+    assert careful.usage.draft_tokens <= careful.usage.speculative_rounds < eager.usage.draft_tokens
+    with pytest.raises(GenerationError, match="draft_confidence"):
+        relay_engine(tokenizer, *pair, draft_confidence=1.5)
 
 
 def test_caches_hold_exactly_the_sequence_after_speculation(tokenizer, pair):

@@ -30,7 +30,7 @@ from .policy import Mode, PolicyConfig, RelayPolicy
 from .runner import ModelRunner
 from .sampling import Sampler, SamplingParams
 from .spans import FinalEvent, ModelRole, RelayResult, StreamEvent
-from .speculative import DEFAULT_MAX_DRAFT, DraftLength
+from .speculative import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_MAX_DRAFT, DraftLength
 
 MODES: tuple[Mode, ...] = ("relay", "large", "small")
 
@@ -83,6 +83,7 @@ class RelayEngine:
         pair_name: str | None = None,
         reuse_prefix: bool = True,
         speculative: bool | int = False,
+        draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
     ) -> None:
         self.tokenizer = tokenizer
         self.large_name, self.small_name, self.pair_name = large_name, small_name, pair_name
@@ -99,6 +100,10 @@ class RelayEngine:
         self.context_window = context_window(large)
         self._lock = threading.Lock()
         self.speculative = self._draft_limit(speculative)  # the default for requests that do not say
+        if not 0.0 <= draft_confidence <= 1.0:
+            raise GenerationError(f"draft_confidence must be a probability in [0, 1], got {draft_confidence!r}")
+        # Speculation: a draft stops after a token the small model gave less than this probability (0 = never).
+        self.draft_confidence = draft_confidence
 
     # -- construction ------------------------------------------------------------------------------------------
     @classmethod
@@ -115,6 +120,7 @@ class RelayEngine:
         allow_pickle: bool = False,
         reuse_prefix: bool = True,
         speculative: bool | int = False,
+        draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
     ) -> RelayEngine:
         """Loads both models (a known pair name such as ``"demo"``, a local directory, or a hub id).
 
@@ -139,6 +145,7 @@ class RelayEngine:
             pair_name=pair if pair == small_pair else None,
             reuse_prefix=reuse_prefix,
             speculative=speculative,
+            draft_confidence=draft_confidence,
         )
 
     @classmethod
@@ -267,7 +274,9 @@ class RelayEngine:
             # Speculation in mode "large" needs the small model too (as the drafter); mode "small" has nothing to draft.
             both = plan.mode == "relay" or (plan.mode == "large" and plan.speculative > 0)
             runners = {role: self.runners[role] for role in (("large", "small") if both else (plan.mode,))}
-            speculation = Speculation(DraftLength(plan.speculative)) if plan.speculative and both else None
+            speculation = (
+                Speculation(DraftLength(plan.speculative), self.draft_confidence) if plan.speculative and both else None
+            )
             policy = RelayPolicy(plan.cues, self.policy_config, plan.mode)
             yield from relay_stream(
                 runners,

@@ -25,15 +25,17 @@ from .policy import RelayPolicy
 from .runner import ModelRunner
 from .sampling import Sampler
 from .spans import FinishReason, ModelRole, StreamEvent
-from .speculative import DraftLength, SpeculationStats, speculative_step
+from .speculative import DEFAULT_DRAFT_CONFIDENCE, DraftLength, SpeculationStats, speculative_step
 from .transcript import Transcript
 
 
 @dataclass
 class Speculation:
-    """Per-request speculative-decoding state: the adaptive draft length and the acceptance counters."""
+    """Per-request speculative-decoding state: the adaptive draft length, the confidence below which a draft stops,
+    and the acceptance counters."""
 
     length: DraftLength
+    min_confidence: float = DEFAULT_DRAFT_CONFIDENCE
     stats: SpeculationStats = field(default_factory=SpeculationStats)
 
 
@@ -76,7 +78,7 @@ def relay_stream(
                 # below, and whatever follows a switch is discarded (caches cropped after the loop).
                 tokens = speculative_step(
                     runners["large"], runners["small"], ids, prompt_len, owners, sampler, speculation.length,
-                    max_new_tokens - len(owners), eos_ids, speculation.stats,
+                    max_new_tokens - len(owners), eos_ids, speculation.stats, speculation.min_confidence,
                 )  # fmt: skip
             else:
                 tokens = [sampler(runners[writer].logits_for(ids, prompt_len, owners), ids)]
@@ -119,4 +121,6 @@ def relay_stream(
         speculative_rounds=speculation.stats.rounds if speculation else 0,
         draft_tokens=speculation.stats.drafted if speculation else 0,
         accepted_draft_tokens=speculation.stats.accepted if speculation else 0,
+        large_forward_seconds=large_stats.forward_seconds if large_stats else 0.0,
+        small_forward_seconds=small_stats.forward_seconds if small_stats else 0.0,
     )

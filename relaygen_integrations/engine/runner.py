@@ -9,6 +9,7 @@ the other model's whole segment in one catch-up pass. A new request that shares 
 from __future__ import annotations
 
 import inspect
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,7 @@ class ForwardStats:
     forward_passes: int = 0
     draft_tokens: int = 0  # speculation: tokens this (small) runner proposed for the large model
     verified_tokens: int = 0  # speculation: draft tokens this (large) runner checked in its verify passes
+    forward_seconds: float = 0.0  # wall time inside this model's forward passes (where a request's time went)
 
 
 @dataclass
@@ -145,6 +147,12 @@ def forward_tokens(runner: ModelRunner, new_ids: list[int], keep: int = 1) -> to
         runner.cache = DynamicCache(config=runner.model.config)
     input_ids = torch.tensor([new_ids], dtype=torch.long, device=runner.device)
     kwargs = {runner.cache_kwarg: runner.cache}
+    started = time.perf_counter()
     output = runner.model(input_ids=input_ids, use_cache=True, logits_to_keep=keep, **kwargs)
+    logits = output.logits[0, -1].float() if keep == 1 else output.logits[0, -keep:].float()
+    if logits.device.type == "cuda":
+        # Kernels run asynchronously; the sampler would wait for them right after anyway, so timing here costs nothing.
+        torch.cuda.synchronize(logits.device)
+    runner.stats.forward_seconds += time.perf_counter() - started
     runner.cached_ids.extend(new_ids)
-    return output.logits[0, -1].float() if keep == 1 else output.logits[0, -keep:].float()
+    return logits

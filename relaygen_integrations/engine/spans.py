@@ -61,6 +61,10 @@ class Usage:
     # Remote backend (``RelayEngine.from_endpoints``): completion requests sent to the servers, one per segment plus
     # one per continuation after a server-side stop the policy did not act on; 0 for local models.
     requests: int = 0
+    # Wall time spent inside each model's forward passes (local models; 0 for remote ones). The rest of ``elapsed``
+    # is sampling, detokenizing, the policy and Python: the split shows where a request's time went.
+    large_forward_seconds: float = 0.0
+    small_forward_seconds: float = 0.0
 
     @property
     def total_tokens(self) -> int:

@@ -22,6 +22,12 @@ from .sampling import Sampler
 from .spans import ModelRole
 
 DEFAULT_MAX_DRAFT = 6
+# A draft stops after a token the small model gave less than this probability: such a token is likely rejected, and
+# every further draft token would cost a small-model step for nothing (the idea of Dynamic Speculation Lookahead,
+# arXiv 2405.04304; transformers' assisted generation starts at 0.4). On the demo pair (GSM8K, 800 large-model tokens
+# teacher-forced through the small model) its greedy token matched the large model's 97-100 % of the time at
+# probability >= 0.8 and ~62 % below it, hence 0.8. The low-confidence token itself is kept: it costs nothing.
+DEFAULT_DRAFT_CONFIDENCE = 0.8
 
 
 @dataclass
@@ -61,8 +67,10 @@ def draft(
     sampler: Sampler,
     length: int,
     eos_ids: frozenset[int],
+    min_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
 ) -> tuple[list[int], list[torch.Tensor]]:
-    """Up to ``length`` tokens proposed by the small model after ``ids`` (stops after an end-of-sequence token).
+    """Up to ``length`` tokens proposed by the small model after ``ids``; stops after an end-of-sequence token or a
+    token the small model gave a probability below ``min_confidence``.
 
     Returns the tokens and, when sampling, the draft distribution ``q`` each was drawn from (empty when greedy).
     """
@@ -77,14 +85,15 @@ def draft(
             logits = small.draft_step(tokens[-1])
         if sampler.params.greedy:
             token = int(torch.argmax(logits))
+            confidence = float(torch.softmax(logits, dim=-1)[token]) if min_confidence > 0 else 1.0
         else:
             q = sampler.probabilities(logits, context)
             token = int(torch.multinomial(q, num_samples=1, generator=sampler.generator))
+            confidence = float(q[token])
             draft_probs.append(q)
-        tokens.append(token)
-        if not sampler.params.greedy:
             context.append(token)
-        if token in eos_ids:
+        tokens.append(token)
+        if token in eos_ids or confidence < min_confidence:
             break
     return tokens, draft_probs
 
@@ -136,11 +145,14 @@ def speculative_step(
     budget: int,
     eos_ids: frozenset[int],
     stats: SpeculationStats,
+    min_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
 ) -> list[int]:
     """One draft-and-verify round for the large model: 1 to ``length.current + 1`` tokens (at most ``budget``), each
     one the large model's own choice. Caches may hold tokens past what the caller keeps; it crops them
     (``ModelRunner.sync_to``) once it has decided how many tokens it keeps."""
-    draft_tokens, draft_probs = draft(small, ids, prompt_len, owners, sampler, min(length.current, budget - 1), eos_ids)
+    draft_tokens, draft_probs = draft(
+        small, ids, prompt_len, owners, sampler, min(length.current, budget - 1), eos_ids, min_confidence
+    )
     target_logits = large.verify(ids, draft_tokens, prompt_len, owners)
     committed, accepted = accept(draft_tokens, target_logits, draft_probs, sampler, ids)
     stats.rounds += 1
