@@ -67,13 +67,18 @@ def test_summary_splits_time_between_the_models():
     entry = summary["large-spec"]
     assert entry["small_forward_ms_per_token"] == pytest.approx(24.0)
     assert entry["ms_per_verify_pass"] == pytest.approx(120.0)
-    assert entry["ms_per_draft_token"] == pytest.approx(20.0)
+    assert entry["ms_per_small_token"] == pytest.approx(20.0)
     assert entry["tokens_per_verify_pass"] == pytest.approx(4.0)
     assert entry["acceptance_rate"] == pytest.approx(75 / 120) and entry["mean_draft_length"] == pytest.approx(4.8)
     report = render_markdown({"config": BenchConfig(modes=["large"]).model_dump(mode="json"), "summary": summary,
                               "machine": {"cpu": "x", "cores": 2, "threads": 2, "torch": "t", "dtype": "bf16",
                                           "device": "cpu"}})  # fmt: skip
     assert "| large-spec | 30 | 24 | 6 | 60 | 120 | 20 | 4.00 |" in report
+    # Under relay the small model's time also covers its own segments: each of its tokens is one decode step.
+    relay_spec = Run(0, "relay-spec", 5.0, 100, "stop", "", "1", "1", True, small_tokens=30, speculative_rounds=20,
+                     draft_tokens=90, large_forward_seconds=2.0, small_forward_seconds=2.4)  # fmt: skip
+    entry = summarize([large, relay_spec], ["large", "relay-spec"])["relay-spec"]
+    assert entry["ms_per_small_token"] == pytest.approx(20.0) and entry["tokens_per_verify_pass"] == pytest.approx(3.5)
 
 
 def test_benchmark_writes_every_output(tmp_path, tokenizer):
