@@ -292,15 +292,14 @@ def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
             measured = large["s_per_token"] / entry["s_per_token"] if entry["s_per_token"] else 0.0
             entry.update(r=r, ideal_speedup=ideal, measured_speedup=measured, efficiency=measured / ideal)
     for mode, entry in summary.items():
-        drafted = sum(x.draft_tokens for x in by_mode[mode])
+        mode_runs = by_mode[mode]
+        rounds = sum(x.speculative_rounds for x in mode_runs)
+        drafted = sum(x.draft_tokens for x in mode_runs)
         if drafted:
-            rounds = sum(x.speculative_rounds for x in by_mode[mode])
             entry.update(
-                acceptance_rate=sum(x.accepted_draft_tokens for x in by_mode[mode]) / drafted,
+                acceptance_rate=sum(x.accepted_draft_tokens for x in mode_runs) / drafted,
                 mean_draft_length=drafted / rounds,
             )
-    for mode, entry in summary.items():
-        mode_runs = by_mode[mode]
         large_forward = sum(x.large_forward_seconds for x in mode_runs)
         small_forward = sum(x.small_forward_seconds for x in mode_runs)
         tokens = sum(x.completion_tokens for x in mode_runs)
@@ -312,8 +311,6 @@ def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
                 small_forward_ms_per_token=1000 * small_forward / tokens,
                 other_ms_per_token=1000 * (sum(x.seconds for x in mode_runs) - large_forward - small_forward) / tokens,
             )
-            rounds = sum(x.speculative_rounds for x in mode_runs)
-            drafted = sum(x.draft_tokens for x in mode_runs)
             if rounds and drafted:
                 entry.update(
                     ms_per_verify_pass=1000 * large_forward / rounds,
