@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
 
     engine = RelayEngine.from_pretrained("demo", "demo", dtype=args.dtype, reuse_prefix=False)
-    large = engine.runners["large"].model
+    large = engine.backend.local_model("large")
     question = load_gsm8k()[0]["question"]
     prompt_ids = engine.encode_messages(math_messages(question))
     n = args.tokens

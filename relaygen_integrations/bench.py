@@ -24,7 +24,8 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .engine import GenerationError, RelayEngine
+from .engine.engine import GenerationError, RelayEngine
+from .engine.settings import merge_settings
 from .prompts import MATH_SYSTEM_PROMPT, gsm8k_reference_answer, load_gsm8k, math_messages
 
 RELAY_MODES = ("relay", "reprompt", "relay-spec")
@@ -115,11 +116,13 @@ ModeFn = Callable[[list[dict[str, str]]], tuple[str, int, str, dict[str, Any]]]
 
 def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
     """Every mode maps messages -> (text, completion tokens, finish reason, relay details)."""
-    settings = {"max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "seed": config.seed}
+    common = {"max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "seed": config.seed}
 
     def through_engine(mode: str, **extra: Any) -> ModeFn:
+        settings = merge_settings(common, {"mode": mode}, extra)  # a bad mode or cue spec fails before any problem
+
         def run(messages: list[dict[str, str]]) -> tuple[str, int, str, dict[str, Any]]:
-            result = engine.generate(messages, mode=mode, **settings, **extra)
+            result = engine.generate(messages, settings=settings)
             usage = result.usage
             details = {
                 "small_tokens": usage.small_tokens,
@@ -137,8 +140,9 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
         return run
 
     def hf(assistant: bool) -> ModeFn:
-        large = engine.runners["large"].model
-        small = engine.runners["small"].model if assistant else None
+        # transformers' own generate needs the weights in this process: a remote backend says so here.
+        large = engine.backend.local_model("large")
+        small = engine.backend.local_model("small") if assistant else None
 
         def run(messages: list[dict[str, str]]) -> tuple[str, int, str, dict[str, Any]]:
             prompt = torch.tensor([engine.encode_messages(messages)], device=large.device)
@@ -157,20 +161,22 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
 
         return run
 
-    modes = {
-        "large": through_engine("large"),
-        "small": through_engine("small"),
-        "relay": through_engine("relay"),
-        "reprompt": through_engine("relay", reprefill_segments=True),
+    # Built only for the modes the run uses: "hf-large"/"assisted" need the weights in this process.
+    builders: dict[str, Callable[[], ModeFn]] = {
+        "large": lambda: through_engine("large"),
+        "small": lambda: through_engine("small"),
+        "relay": lambda: through_engine("relay"),
+        "reprompt": lambda: through_engine("relay", reprefill_segments=True),
         # Self-speculative: the small model drafts for the large model's tokens (lossless; adaptive draft length).
-        "relay-spec": through_engine("relay", speculative=True),
-        "large-spec": through_engine("large", speculative=True),
-        "hf-large": hf(assistant=False),
-        "assisted": hf(assistant=True),
+        "relay-spec": lambda: through_engine("relay", speculative=True),
+        "large-spec": lambda: through_engine("large", speculative=True),
+        "hf-large": lambda: hf(assistant=False),
+        "assisted": lambda: hf(assistant=True),
     }
-    # "relay@<cues>" / "reprompt@<cues>": the same mode with another cue set (preset, "all-candidates", profile path),
-    # so cue sets are compared on one loaded pair in one interleaved run.
+    modes: dict[str, ModeFn] = {}
     for name in config.modes:
+        # "relay@<cues>" / "reprompt@<cues>": the same mode with another cue set (preset, "all-candidates", profile
+        # path), so cue sets are compared on one loaded pair in one interleaved run.
         base, _, cues = name.partition("@")
         if cues and base in RELAY_MODES:
             try:
@@ -178,6 +184,8 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
             except GenerationError as exc:
                 raise ValueError(f"benchmark mode {name!r}: {exc}") from exc
             modes[name] = through_engine("relay", reprefill_segments=base == "reprompt", cues=cues)
+        elif name in builders:
+            modes[name] = builders[name]()
     return modes
 
 

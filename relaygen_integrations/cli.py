@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from relaygen_integrations import models_registry as registry
+from relaygen_integrations import registry
 from relaygen_integrations.cli_bench import add_bench_parser
 from relaygen_integrations.cli_calibrate import add_calibrate_parser
 from relaygen_integrations.cli_generate import add_demo_parser, add_generate_parser

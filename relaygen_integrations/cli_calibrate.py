@@ -36,7 +36,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
         Trace,
         calibrate,
         plot_margins,
-        token_margins,
         tokenizer_hash,
         trace_candidates,
         write_profile,
@@ -70,9 +69,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
                 sink.flush()
         if sink is not None:
             sink.close()
-    small = engine.runners["small"].model
     margins = [
-        token_margins(small, t.prompt_ids, t.completion_ids)
+        engine.backend.token_margins("small", t.prompt_ids, t.completion_ids)
         for t in track(traces, description="small-model margins", console=console)
     ]
     proposed = [] if args.no_propose else trace_candidates(t.text for t in traces)

@@ -62,25 +62,26 @@ def _run(args: argparse.Namespace, messages: list[dict[str, str]], console: Cons
     from transformers.utils import logging as hf_logging
 
     from .engine import RelayEngine
+    from .engine.settings import merge_settings
     from .render import legend, print_stream, stats_line
 
     hf_logging.disable_progress_bar()  # the per-tensor "Loading weights" bars would drown the coloured answer
 
     with console.status("loading the model pair (first use fetches it) ..."):
-        engine = RelayEngine.shared(
-            args.large, args.small, cues=_cues_arg(args.cues), device=args.device, dtype=args.dtype
-        )
-    settings = {
-        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-        "top_k": args.top_k, "seed": args.seed, "stop": args.stop, "mode": args.mode,
-        "speculative": args.speculative,
-    }  # fmt: skip
+        engine = RelayEngine.shared(args.large, args.small, device=args.device, dtype=args.dtype)
+    settings = merge_settings(
+        {
+            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+            "top_k": args.top_k, "seed": args.seed, "stop": args.stop, "mode": args.mode,
+            "speculative": args.speculative, "cues": _cues_arg(args.cues),
+        }
+    )  # fmt: skip
     if args.json:
-        result = engine.generate(messages, **settings)
+        result = engine.generate(messages, settings=settings)
         print(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))
         return 0
     console.print(legend(engine.large_name, engine.small_name))
-    result = print_stream(engine.stream(messages, **settings), console)
+    result = print_stream(engine.stream(messages, settings=settings), console)
     console.print(stats_line(result), soft_wrap=True)
     return 0
 

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "tests"))
-    from relaygen_integrations.models_registry import fetch_pair, pair_paths
+    from relaygen_integrations.registry import fetch_pair, pair_paths
 
     paths = pair_paths("demo") or (fetch_pair("demo") if args.fetch else None)
     if paths is None:

@@ -112,7 +112,7 @@ def scripted_engine(
     large = ScriptedLM(tokenizer, large_text, len(prompt_ids))
     small_reference = small_text if small_text is not None else large_text.upper()
     small = ScriptedLM(tokenizer, small_reference, len(prompt_ids))
-    engine = RelayEngine(large, small, tokenizer, cues=list(cues), policy=dict(policy))  # type: ignore[arg-type]
+    engine = RelayEngine.from_models(large, small, tokenizer, cues=list(cues), policy=dict(policy))  # type: ignore[arg-type]
     return engine, large, small
 
 
@@ -121,4 +121,4 @@ def chat_engine(tokenizer: PreTrainedTokenizerBase, reply: str, cues: list[str] 
     small model the same in upper case."""
     large = ScriptedLM(tokenizer, reply)
     small = ScriptedLM(tokenizer, reply.upper())
-    return RelayEngine(large, small, tokenizer, cues=list(cues or ["So"]))  # type: ignore[arg-type]
+    return RelayEngine.from_models(large, small, tokenizer, cues=list(cues or ["So"]))  # type: ignore[arg-type]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from relaygen_integrations.chat.template import MessageError, render_prompt_ids, render_prompt_text
 from relaygen_integrations.chat.tool_calls import (
     InvalidToolCall,
     ToolCall,
@@ -14,6 +13,7 @@ from relaygen_integrations.chat.tool_calls import (
     parse_tool_calls,
     validate_tools,
 )
+from relaygen_integrations.engine.prompt import MessageError, render_prompt_ids, render_prompt_text
 
 WEATHER = {
     "type": "function",
@@ -127,7 +127,7 @@ def _scripted(tokenizer, reference: str, prefix: str = ""):
     prompt_ids = render_prompt_ids(tokenizer, PROMPT, tools=[WEATHER], assistant_prefix=prefix or None)
     large = ScriptedLM(tokenizer, reference, len(prompt_ids))
     small = ScriptedLM(tokenizer, reference.upper(), len(prompt_ids))
-    return RelayEngine(large, small, tokenizer, cues=[]), PROMPT
+    return RelayEngine.from_models(large, small, tokenizer, cues=[]), PROMPT
 
 
 @pytest.mark.parametrize("prefix_choice", [None, "any", "get_weather"])

@@ -32,7 +32,14 @@ def test_generate_json(scripted, capsys):
     assert out["text"] == "We add two and three. So THE ANSWER IS FIVE. Then we are done."
     assert [s["model"] for s in out["spans"]] == ["large", "small", "large"]
     assert out["usage"]["switches"] == 2 and out["finish_reason"] == "stop"
-    assert scripted[0][2]["cues"] == ["So ", "Thus"]
+    assert scripted[0][2] == {"device": "auto", "dtype": "auto"}  # the weights are shared whatever the cues
+
+
+def test_generate_cues_apply_per_request(scripted, capsys):
+    # The shared engine's own cues say "So "; the command's cues replace them for this request, so nothing fires.
+    assert main(["generate", "Add two and three.", "--json", "--max-new-tokens", "100", "--cues", "Thus,Hence"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] == REPLY and [s["model"] for s in out["spans"]] == ["large"]
 
 
 def test_generate_streams_text_and_a_stats_line(scripted, capsys):

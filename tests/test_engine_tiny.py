@@ -30,7 +30,7 @@ def pair(tokenizer):
 
 def make_engine(tokenizer, pair, cues=("So", "Therefore", "The", "the", "a"), **kwargs) -> RelayEngine:
     large, small = pair
-    return RelayEngine(large, small, tokenizer, cues=list(cues), policy={"min_large_tokens": 1, **kwargs})
+    return RelayEngine.from_models(large, small, tokenizer, cues=list(cues), policy={"min_large_tokens": 1, **kwargs})
 
 
 def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
@@ -72,9 +72,8 @@ def test_relay_continuation_equals_a_fresh_prefill(tokenizer, pair):
     result = engine.generate_ids(prompt_ids, max_new_tokens=30)
     assert result.usage.switches >= 2
     ids = prompt_ids + result.completion_ids
-    owners = ["large"] * len(result.completion_ids)
     for role, model in (("large", pair[0]), ("small", pair[1])):
-        cached = engine.runners[role].logits_for(ids, len(prompt_ids), owners)  # catches up on what it missed
+        cached = engine.backend.runners[role].logits_for(ids)  # catches up on what it missed
         with torch.no_grad():
             fresh = model(torch.tensor([ids])).logits[0, -1].float()
         torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
@@ -104,9 +103,10 @@ def test_multibyte_character_split_across_a_switch(tokenizer, pair):
     """A character whose bytes come from two models lands whole in one span; text stays decode(ids)."""
     emoji_ids = tokenizer.encode("🦩", add_special_tokens=False)
     assert len(emoji_ids) >= 2
-    from relaygen_integrations.engine.generate import relay_stream
+    from relaygen_integrations.engine.generate import LocalSession, drive
     from relaygen_integrations.engine.policy import PolicyConfig, RelayPolicy
     from relaygen_integrations.engine.runner import ModelRunner
+    from relaygen_integrations.engine.transcript import Transcript
 
     script = (
         tokenizer.encode("Ok. So", add_special_tokens=False)
@@ -124,7 +124,8 @@ def test_multibyte_character_split_across_a_switch(tokenizer, pair):
     runners = {"large": ModelRunner("large", pair[0]), "small": ModelRunner("small", pair[1])}
     # "So" fires; the small model's one-token cap falls between the two byte tokens of the character.
     policy = RelayPolicy(CueSet(("So",)), PolicyConfig(min_large_tokens=0, max_small_tokens=1))
-    events = list(relay_stream(runners, tokenizer, prompt_ids, policy, replay, 50, frozenset({151645})))
+    transcript = Transcript(tokenizer, prompt_ids, policy, (), frozenset({151645}), 50)
+    events = list(drive(transcript, LocalSession(runners, transcript, replay)))
     result = events[-1].result
     assert result.text == tokenizer.decode(result.completion_ids)
     assert "".join(s.text for s in result.spans) == result.text

@@ -6,7 +6,7 @@ import pytest
 from fixture_tokenizer import COMPRESSED, FIXTURE_DIR, fixture_tokenizer_dir
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from relaygen_integrations import models_registry as reg
+from relaygen_integrations import registry as reg
 
 TEXTS = [
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",

@@ -207,7 +207,7 @@ def test_call_settings_override_and_stop(model):
     assert message.content == "We add two and three. So THE ANSWER IS "
     assert message.response_metadata["finish_reason"] == "stop_sequence"
     assert model.invoke("x", max_tokens=3).response_metadata["finish_reason"] == "length"
-    with pytest.raises(TypeError, match="unsupported call arguments"):
+    with pytest.raises(TypeError, match="unknown generation setting"):
         model.invoke("x", frequency_penalty=1.0)
 
 

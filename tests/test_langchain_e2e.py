@@ -27,7 +27,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from local_embeddings import MiniLMEmbeddings
 
 from relaygen_integrations.langchain import SWITCH_EVENT, RelayChatModel
-from relaygen_integrations.models_registry import pair_paths
+from relaygen_integrations.registry import pair_paths
 
 pytestmark = pytest.mark.real_pair
 

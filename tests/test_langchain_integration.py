@@ -11,7 +11,7 @@ import pytest
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 from relaygen_integrations.langchain import RelayChatModel
-from relaygen_integrations.models_registry import pair_paths
+from relaygen_integrations.registry import pair_paths
 
 pytestmark = pytest.mark.real_pair
 

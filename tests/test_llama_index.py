@@ -32,8 +32,8 @@ from transformers import PreTrainedTokenizerBase
 
 import relaygen_integrations.engine.engine as engine_module
 from relaygen_integrations import RelayEngine
-from relaygen_integrations.chat.template import render_prompt_ids, render_prompt_text
 from relaygen_integrations.chat.tool_calls import forced_prefix
+from relaygen_integrations.engine.prompt import render_prompt_ids, render_prompt_text
 from relaygen_integrations.llama_index import RelayChatModel, RelayLLM, RelaySwitchEvent, to_relay_messages
 
 BASIC = "We add two and three. So the answer is five. Then we are done."
@@ -75,7 +75,7 @@ def make_engine(
         prompt_ids = render_prompt_ids(tokenizer, PROMPT, tools=tools, assistant_prefix=prefix)
     large = ScriptedLM(tokenizer, reference, len(prompt_ids))
     small_lm = ScriptedLM(tokenizer, small if small is not None else reference.upper(), len(prompt_ids))
-    return RelayEngine(large, small_lm, tokenizer, cues=list(cues))  # type: ignore[arg-type]
+    return RelayEngine.from_models(large, small_lm, tokenizer, cues=list(cues))  # type: ignore[arg-type]
 
 
 # -- construction, laziness, sharing, metadata -------------------------------------------------------------------
@@ -98,8 +98,10 @@ def test_construction_is_lazy_and_equal_configs_share_one_engine(monkeypatch, to
 
     assert first.engine is second.engine
     assert len(loads) == 1
-    assert loads[0] == ("some/large", "some/small", {"cues": ["So "], "device": "auto", "dtype": "auto"})
-    assert other.engine is not first.engine and len(loads) == 2
+    assert loads[0] == ("some/large", "some/small", {"device": "auto", "dtype": "auto"})
+    # Cues are per request: a model that differs only in cues shares the weights, and its requests carry its cues.
+    assert other.engine is first.engine and len(loads) == 1
+    assert other._settings({}).cues == ("Thus",) and first._settings({}).cues == ("So ",)
     assert first.metadata.context_window == first.engine.context_window == 4096  # now from the model config
 
 
@@ -207,7 +209,7 @@ async def test_formatted_completion_uses_the_raw_prompt_ids(tokenizer):
     engine = make_engine(tokenizer, " Five.", raw_prompt=raw, cues=[])
     llm = RelayLLM(engine=engine, max_tokens=20)
     assert llm.complete(raw, formatted=True).text == " Five."
-    large = engine.runners["large"].model
+    large = engine.backend.runners["large"].model
     # The whole prompt was prefilled as written: no chat template around it, no special tokens added.
     assert large.fed[0] == len(tokenizer.encode(raw, add_special_tokens=False))
     assert (await llm.acomplete(raw, formatted=True)).text == " Five."

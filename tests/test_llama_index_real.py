@@ -20,7 +20,7 @@ from llama_index.core.tools import FunctionTool
 from local_embeddings import MiniLMEmbedding
 
 from relaygen_integrations.llama_index import RelayLLM, RelaySwitchEvent
-from relaygen_integrations.models_registry import pair_paths
+from relaygen_integrations.registry import pair_paths
 
 pytestmark = pytest.mark.real_pair
 

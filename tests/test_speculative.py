@@ -80,7 +80,7 @@ def relay_engine(tokenizer, large, small, **kwargs) -> RelayEngine:
     cues = ["the", "a", "The", "and", "to", "of", "is", "in"]
     # Random weights give flat distributions: without ``draft_confidence=0`` every draft would stop after one token.
     kwargs.setdefault("draft_confidence", 0.0)
-    return RelayEngine(
+    return RelayEngine.from_models(
         large, small, tokenizer, cues=cues, policy={"min_large_tokens": 1, "max_small_tokens": 3}, **kwargs
     )
 
@@ -118,11 +118,10 @@ def test_caches_hold_exactly_the_sequence_after_speculation(tokenizer, pair):
     prompt_ids = engine.encode_messages(MESSAGES)
     result = engine.generate_ids(prompt_ids, max_new_tokens=40, speculative=4)
     ids = prompt_ids + result.completion_ids
-    owners = ["large"] * len(result.completion_ids)
     for role, model in (("large", pair[0]), ("small", pair[1])):
-        runner = engine.runners[role]
+        runner = engine.backend.runners[role]
         assert runner.cached_ids == ids[: len(runner.cached_ids)], "no rejected draft token may stay cached"
-        cached = runner.logits_for(ids, len(prompt_ids), owners)
+        cached = runner.logits_for(ids)
         with torch.no_grad():
             fresh = model(torch.tensor([ids])).logits[0, -1].float()
         torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
@@ -184,8 +183,8 @@ def test_bad_speculative_settings_raise(tokenizer, pair, value):
 
 def test_speculation_needs_a_drafter(tokenizer, pair):
     with pytest.raises(GenerationError, match="needs a small model"):
-        RelayEngine(pair[0], None, tokenizer, speculative=True)
-    engine = RelayEngine(pair[0], None, tokenizer)
+        RelayEngine.from_models(pair[0], None, tokenizer, speculative=True)
+    engine = RelayEngine.from_models(pair[0], None, tokenizer)
     with pytest.raises(GenerationError, match="needs a small model"):
         engine.generate(MESSAGES, max_new_tokens=4, mode="large", speculative=2)
 

@@ -24,6 +24,7 @@ from .tool_calls import (
 
 if TYPE_CHECKING:
     from ..engine.engine import RelayEngine
+    from ..engine.settings import GenerationSettings
     from ..engine.spans import ModelRole, RelayResult, StreamEvent, SwitchEvent
 
 
@@ -46,7 +47,7 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None
     prefix: str | None
     chat_template_kwargs: Mapping[str, Any] | None
-    settings: dict[str, Any]
+    settings: GenerationSettings
 
 
 def json_instruction(response_format: Mapping[str, Any]) -> str:
@@ -61,13 +62,14 @@ def json_instruction(response_format: Mapping[str, Any]) -> str:
 
 def prepare_chat(
     messages: Sequence[Mapping[str, Any]],
+    settings: GenerationSettings,
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: str | Mapping[str, Any] | bool | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     response_format: Mapping[str, Any] | None = None,
-    **settings: Any,
 ) -> ChatRequest:
     """Validates tools and derives the prefill; ``tool_choice="none"`` hides the tools from the model.
+    ``settings``: the call's generation settings, merged once by the caller (``merge_settings``).
 
     ``response_format`` (OpenAI style: ``{"type": "json_object"}`` or ``{"type": "json_schema", "schema": ...}``)
     adds a JSON instruction to the system message and prefills ``{`` so the answer starts as JSON.
@@ -149,7 +151,7 @@ def stream_chat(engine: RelayEngine, request: ChatRequest, cancel: Any = None) -
         chat_template_kwargs=request.chat_template_kwargs,
         assistant_prefix=request.prefix,
         cancel=cancel,
-        **request.settings,
+        settings=request.settings,
     )
     for event in events:
         yield from assembler.on_event(event)
@@ -162,7 +164,7 @@ async def astream_chat(engine: RelayEngine, request: ChatRequest) -> AsyncIterat
         tools=request.tools,
         chat_template_kwargs=request.chat_template_kwargs,
         assistant_prefix=request.prefix,
-        **request.settings,
+        settings=request.settings,
     )
     async for event in events:
         for delta in assembler.on_event(event):

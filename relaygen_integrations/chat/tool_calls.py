@@ -12,13 +12,12 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.prompt import ToolSchemaError as ToolSchemaError  # re-exported: the tool-schema check lives with prompts
+from ..engine.prompt import validate_tools as validate_tools
+
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 FENCE = "```"
-
-
-class ToolSchemaError(ValueError):
-    """A tool definition is not a valid OpenAI-style function schema."""
 
 
 def new_call_id() -> str:
@@ -209,25 +208,6 @@ def _partial_suffix(text: str, tag: str) -> int:
         if text.endswith(tag[:k]):
             return k
     return 0
-
-
-def validate_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Checks OpenAI-style tool schemas (``{"type": "function", "function": {"name", "parameters"}}``)."""
-    checked = []
-    for index, tool in enumerate(tools):
-        if not isinstance(tool, Mapping):
-            raise ToolSchemaError(f"tool {index} is a {type(tool).__name__}, not an OpenAI-style tool dict")
-        function = tool.get("function")
-        if tool.get("type") != "function" or not isinstance(function, Mapping):
-            raise ToolSchemaError(f"tool {index} must look like {{'type': 'function', 'function': {{...}}}}")
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise ToolSchemaError(f"tool {index} has no function name")
-        parameters = function.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(parameters, Mapping) or parameters.get("type", "object") != "object":
-            raise ToolSchemaError(f"tool {name!r}: 'parameters' must be a JSON schema of type 'object'")
-        checked.append(dict(tool))
-    return checked
 
 
 def tool_names(tools: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -1,31 +1,88 @@
-"""Framework-free relay engine (no LangChain / LlamaIndex imports below this package)."""
+"""Framework-free relay engine (no LangChain / LlamaIndex imports below this package).
 
-from .cues import PRESETS, CueConfigError, CueSet, resolve_cues
-from .engine import GenerationError, GenerationPlan, RelayEngine
-from .models import ModelLoadError, TokenizerMismatchError
-from .policy import Decision, PolicyConfig, RelayPolicy
-from .sampling import SamplingParams
-from .spans import FinalEvent, RelayResult, Span, StreamEvent, SwitchEvent, TextEvent, Usage
+Names are imported on first access, so light modules (``spans``, ``settings``, ``prompt``) load without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .backend import Backend, BackendCapabilityError, GenerationSession
+    from .cues import PRESETS, CueConfigError, CueSet, resolve_cues
+    from .engine import RelayEngine
+    from .local import LocalBackend
+    from .models import ModelLoadError, TokenizerMismatchError
+    from .policy import Decision, PolicyConfig, RelayPolicy
+    from .sampling import SamplingParams
+    from .settings import GenerationError, GenerationPlan, GenerationSettings, SettingsError, merge_settings
+    from .spans import FinalEvent, RelayResult, Span, StreamEvent, SwitchEvent, TextEvent, Usage
+
+# Where each public name lives.
+_HOME = {
+    "Backend": "backend",
+    "BackendCapabilityError": "backend",
+    "GenerationSession": "backend",
+    "PRESETS": "cues",
+    "CueConfigError": "cues",
+    "CueSet": "cues",
+    "resolve_cues": "cues",
+    "RelayEngine": "engine",
+    "LocalBackend": "local",
+    "ModelLoadError": "models",
+    "TokenizerMismatchError": "models",
+    "Decision": "policy",
+    "PolicyConfig": "policy",
+    "RelayPolicy": "policy",
+    "SamplingParams": "sampling",
+    "GenerationError": "settings",
+    "GenerationPlan": "settings",
+    "GenerationSettings": "settings",
+    "SettingsError": "settings",
+    "merge_settings": "settings",
+    "FinalEvent": "spans",
+    "RelayResult": "spans",
+    "Span": "spans",
+    "StreamEvent": "spans",
+    "SwitchEvent": "spans",
+    "TextEvent": "spans",
+    "Usage": "spans",
+}
 
 __all__ = [
     "PRESETS",
+    "Backend",
+    "BackendCapabilityError",
     "CueConfigError",
     "CueSet",
     "Decision",
     "FinalEvent",
     "GenerationError",
     "GenerationPlan",
+    "GenerationSession",
+    "GenerationSettings",
+    "LocalBackend",
     "ModelLoadError",
     "PolicyConfig",
     "RelayEngine",
     "RelayPolicy",
     "RelayResult",
     "SamplingParams",
+    "SettingsError",
     "Span",
     "StreamEvent",
     "SwitchEvent",
     "TextEvent",
     "TokenizerMismatchError",
     "Usage",
+    "merge_settings",
     "resolve_cues",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -1,24 +1,28 @@
-"""RelayEngine: the public, framework-free entry point (load a pair once, generate / stream, sync or async)."""
+"""RelayEngine: the public, framework-free front (load a pair once, generate / stream, sync or async).
+
+The front plans and validates every request (one :class:`GenerationSettings`), owns the switching policy and the
+transcript, serializes requests where the backend needs it, and runs the one generation loop (``generate.drive``)
+over a :class:`~relaygen_integrations.engine.backend.Backend`: ``LocalBackend`` (two in-process models) or
+``RemoteBackend`` (two OpenAI-compatible servers). Async and streaming are built here once for every backend.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pydantic import ValidationError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..chat.template import render_prompt_ids
+from .backend import Backend, BackendCapabilityError
 from .cues import CueConfigError, CueSet, resolve_cues
-from .generate import Speculation, relay_stream
+from .generate import drive
+from .local import LocalBackend
 from .models import (
     check_tokenizers_match,
-    context_window,
-    eos_token_ids,
     load_causal_lm,
     load_tokenizer,
     pick_device,
@@ -26,31 +30,14 @@ from .models import (
     reasoning_end_marker,
     resolve_reference,
 )
-from .policy import Mode, PolicyConfig, RelayPolicy
-from .runner import ModelRunner
-from .sampling import Sampler, SamplingParams
-from .spans import FinalEvent, ModelRole, RelayResult, StreamEvent
-from .speculative import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_MAX_DRAFT, DraftLength
+from .policy import PolicyConfig, RelayPolicy
+from .prompt import render_prompt_ids
+from .settings import GenerationError, GenerationPlan, GenerationSettings, merge_settings
+from .spans import FinalEvent, RelayResult, StreamEvent
+from .speculative import DEFAULT_DRAFT_CONFIDENCE
+from .transcript import Transcript
 
-MODES: tuple[Mode, ...] = ("relay", "large", "small")
-
-
-class GenerationError(ValueError):
-    """A generation request is invalid (bad settings, prompt too long for the context window, ...)."""
-
-
-@dataclass(frozen=True)
-class GenerationPlan:
-    """A validated request, ready to run."""
-
-    prompt_ids: list[int]
-    max_new_tokens: int
-    sampling: SamplingParams
-    stop: tuple[str, ...]
-    mode: Mode
-    cues: CueSet  # the request's own, or the engine's when the request names none
-    reprefill_segments: bool = False
-    speculative: int = 0  # maximum draft length of self-speculative decoding; 0 = off
+__all__ = ["BackendCapabilityError", "GenerationError", "GenerationPlan", "RelayEngine"]
 
 
 class _Failure:
@@ -64,14 +51,40 @@ _SHARED_LOCK = threading.Lock()
 
 
 class RelayEngine:
-    """Two models that share a tokenizer, each with its own KV cache, writing one answer together.
+    """Two models that share a tokenizer writing one answer together, behind one front for every backend.
 
-    Requests are serialized (one lock): the caches hold one sequence at a time, and on a CPU a second concurrent
-    generation would only split the same cores. Threads and asyncio tasks can share one engine safely.
+    Local requests are serialized (one lock): the caches hold one sequence at a time, and on a CPU a second
+    concurrent generation would only split the same cores. Threads and asyncio tasks can share one engine safely.
+    Construct it with :meth:`from_pretrained`, :meth:`from_models`, :meth:`from_endpoints`, or over any backend.
     """
 
     def __init__(
         self,
+        backend: Backend,
+        tokenizer: PreTrainedTokenizerBase,
+        cues: CueSet | str | list[str] = "generic",
+        policy: PolicyConfig | Mapping[str, Any] | None = None,
+        *,
+        pair_name: str | None = None,
+        speculative: bool | int = False,
+    ) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.pair_name = pair_name
+        self.cues = cues if isinstance(cues, CueSet) else resolve_cues(cues, pair_name)
+        config = policy if isinstance(policy, PolicyConfig) else PolicyConfig(**dict(policy or {}))
+        if config.reasoning_end is None:
+            config = config.model_copy(update={"reasoning_end": reasoning_end_marker(tokenizer)})
+        self.policy_config = config
+        self._lock = threading.Lock()
+        self._cue_cache: dict[Any, CueSet] = {}
+        # The default for requests that do not say; validated like a request's own.
+        self.speculative = self._draft_limit(merge_settings({"speculative": speculative}), default=0)
+
+    # -- construction ------------------------------------------------------------------------------------------
+    @classmethod
+    def from_models(
+        cls,
         large: PreTrainedModel,
         small: PreTrainedModel | None,
         tokenizer: PreTrainedTokenizerBase,
@@ -84,28 +97,18 @@ class RelayEngine:
         reuse_prefix: bool = True,
         speculative: bool | int = False,
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.large_name, self.small_name, self.pair_name = large_name, small_name, pair_name
-        self.cues = resolve_cues(cues, pair_name) if not isinstance(cues, CueSet) else cues
-        config = policy if isinstance(policy, PolicyConfig) else PolicyConfig(**dict(policy or {}))
-        if config.reasoning_end is None:
-            config = config.model_copy(update={"reasoning_end": reasoning_end_marker(tokenizer)})
-        self.policy_config = config
-        self.reuse_prefix = reuse_prefix
-        self.runners: dict[ModelRole, ModelRunner] = {"large": ModelRunner("large", large)}
-        if small is not None:
-            self.runners["small"] = ModelRunner("small", small)
-        self.eos_ids = eos_token_ids(large, tokenizer)
-        self.context_window = context_window(large)
-        self._lock = threading.Lock()
-        self.speculative = self._draft_limit(speculative)  # the default for requests that do not say
+    ) -> RelayEngine:
+        """An engine over two loaded transformers models (the small one may be None: mode ``large`` only)."""
+        if isinstance(draft_confidence, bool) or not isinstance(draft_confidence, (int, float)):
+            raise GenerationError(f"draft_confidence must be a probability in [0, 1], got {draft_confidence!r}")
         if not 0.0 <= draft_confidence <= 1.0:
             raise GenerationError(f"draft_confidence must be a probability in [0, 1], got {draft_confidence!r}")
-        # Speculation: a draft stops after a token the small model gave less than this probability (0 = never).
-        self.draft_confidence = draft_confidence
+        backend = LocalBackend(
+            large, small, tokenizer, large_name=large_name, small_name=small_name, reuse_prefix=reuse_prefix,
+            draft_confidence=float(draft_confidence),
+        )  # fmt: skip
+        return cls(backend, tokenizer, cues, policy, pair_name=pair_name, speculative=speculative)
 
-    # -- construction ------------------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(
         cls,
@@ -134,32 +137,39 @@ class RelayEngine:
         check_tokenizers_match(tokenizer, load_tokenizer(small_ref, trust_remote_code))
         large_model = load_causal_lm(large_ref, torch_dtype, torch_device, trust_remote_code, allow_pickle)
         small_model = load_causal_lm(small_ref, torch_dtype, torch_device, trust_remote_code, allow_pickle)
-        return cls(
+        pair_name = pair if pair == small_pair else None
+        return cls.from_models(
             large_model,
             small_model,
             tokenizer,
-            cues=resolve_cues(cues, pair if pair == small_pair else None),
+            cues=resolve_cues(cues, pair_name),
             policy=policy,
             large_name=large if pair is None else f"{pair}:large",
             small_name=small if small_pair is None else f"{small_pair}:small",
-            pair_name=pair if pair == small_pair else None,
+            pair_name=pair_name,
             reuse_prefix=reuse_prefix,
             speculative=speculative,
             draft_confidence=draft_confidence,
         )
 
     @classmethod
-    def shared(cls, large: str = "demo", small: str = "demo", **kwargs: Any) -> RelayEngine:
-        """One engine (one copy of the weights) per distinct configuration, loaded on first use; adapters use this
-        so two chat models built with the same settings share everything."""
-        # "auto" and what it resolves to must share one copy of the weights.
-        resolved = dict(kwargs, device=pick_device(kwargs.get("device", "auto")))
-        resolved["dtype"] = pick_dtype(kwargs.get("dtype", "auto"), resolved["device"])
-        key = (large, small, *sorted((k, repr(v)) for k, v in resolved.items()))
+    def shared(
+        cls,
+        large: str = "demo",
+        small: str = "demo",
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        **options: Any,
+    ) -> RelayEngine:
+        """One engine - one copy of the weights - per pair of models, device and dtype (plus loading ``options``
+        such as ``trust_remote_code``), loaded on first use. Cues, policy and speculation are per request, so
+        adapters that differ only in those share the weights."""
+        torch_device = pick_device(device)  # "auto" and what it resolves to must share one copy
+        key = (large, small, str(torch_device), str(pick_dtype(dtype, torch_device)), *sorted(options.items()))
         with _SHARED_LOCK:
             engine = _SHARED_ENGINES.get(key)
             if engine is None:
-                engine = cls.from_pretrained(large=large, small=small, **kwargs)
+                engine = cls.from_pretrained(large=large, small=small, device=device, dtype=dtype, **options)
                 _SHARED_ENGINES[key] = engine
             return engine
 
@@ -171,28 +181,51 @@ class RelayEngine:
         tokenizer: str | PreTrainedTokenizerBase,
         cues: CueSet | str | list[str] = "auto",
         policy: PolicyConfig | Mapping[str, Any] | None = None,
-        *,
-        api_key: str | None = None,
-        timeout: float = 60.0,
-        retries: int = 2,
         **options: Any,
     ) -> RelayEngine:
         """The same engine over two OpenAI-compatible completion servers (vLLM, SGLang, llama.cpp, ``relaygen serve
         --single``): ``large``/``small`` are base URLs such as ``http://host:8000/v1``; ``tokenizer`` (a hub id, a
         local directory or a tokenizer) renders the chat template here and must be the servers' tokenizer.
 
-        ``options``: ``large_model``/``small_model`` (served model names; default: the first each server lists),
-        ``context_window``, ``server_stops`` (default True), ``trust_remote_code``. Design: ``engine/remote.py``.
+        ``options``: ``api_key``, ``timeout``, ``retries``, ``large_model``/``small_model`` (served model names;
+        default: the first each server lists), ``context_window``, ``server_stops`` (default True),
+        ``trust_remote_code``. Design: ``engine/remote.py``.
         """
         try:
-            from .remote import RemoteRelayEngine
+            from .remote import RemoteBackend
         except ModuleNotFoundError as exc:
             if exc.name != "httpx":
                 raise
             raise ImportError("the remote backend needs httpx: pip install 'relaygen-integrations[serve]'") from exc
-        return RemoteRelayEngine(
-            large, small, tokenizer, cues, policy, api_key=api_key, timeout=timeout, retries=retries, **options
-        )
+        backend = RemoteBackend(large, small, tokenizer, **options)
+        return cls(backend, backend.tokenizer, cues, policy)
+
+    # -- identity and lifetime ------------------------------------------------------------------------------------
+    @property
+    def large_name(self) -> str:
+        return self.backend.large_name
+
+    @property
+    def small_name(self) -> str:
+        return self.backend.small_name
+
+    @property
+    def context_window(self) -> int:
+        return self.backend.context_window
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.backend.eos_ids
+
+    def close(self) -> None:
+        """Releases the backend's resources (HTTP connections; local caches)."""
+        self.backend.close()
+
+    def __enter__(self) -> RelayEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # -- request preparation ------------------------------------------------------------------------------------
     def encode_messages(
@@ -205,38 +238,14 @@ class RelayEngine:
         return render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs, assistant_prefix)
 
     def plan(
-        self,
-        prompt_ids: Sequence[int],
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        mode: Mode = "relay",
-        reprefill_segments: bool = False,
-        cues: CueSet | str | list[str] | None = None,
-        speculative: bool | int | None = None,
+        self, prompt_ids: Sequence[int], settings: GenerationSettings | None = None, **overrides: Any
     ) -> GenerationPlan:
-        """Validates every setting before any model work starts, so a bad request leaves nothing half-done."""
-        if mode not in MODES:
-            raise GenerationError(f"unknown mode {mode!r}: use one of {list(MODES)}")
-        if mode != "large" and "small" not in self.runners:
-            raise GenerationError(f"mode {mode!r} needs a small model, and this engine has none")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        try:
-            sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        except ValidationError as exc:
-            raise GenerationError(
-                f"invalid sampling settings: {exc.errors()[0]['loc'][0]} {exc.errors()[0]['msg']}"
-            ) from exc
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        for s in stops:
-            if not isinstance(s, str) or not s:
-                raise GenerationError(f"stop sequences must be non-empty strings, got {s!r}")
-            if "\ufffd" in s or any(0xD800 <= ord(ch) <= 0xDFFF for ch in s):
-                raise GenerationError(f"stop sequence {s!r} is not valid UTF-8 text")
+        """Validates a request before any model work starts, so a bad one leaves nothing half-done. ``settings``
+        (built with ``merge_settings``) and/or keyword ``overrides``: the fields of :class:`GenerationSettings`."""
+        settings = merge_settings(settings, overrides) if overrides or settings is None else settings
+        roles = self.backend.roles
+        if settings.mode != "large" and "small" not in roles:
+            raise GenerationError(f"mode {settings.mode!r} needs a small model, and this engine has none")
         ids = [int(i) for i in prompt_ids]
         if not ids:
             raise GenerationError("the prompt is empty")
@@ -245,62 +254,64 @@ class RelayEngine:
             raise GenerationError(
                 f"the prompt has {len(ids)} tokens but the context window is {self.context_window} tokens"
             )
-        try:
-            # Per-request cues (e.g. comparing cue sets on one loaded pair); None keeps the engine's own.
-            request_cues = self.cues if cues is None else resolve_cues(cues, self.pair_name)
-        except CueConfigError as exc:
-            raise GenerationError(str(exc)) from exc
-        draft_limit = self.speculative if speculative is None else self._draft_limit(speculative)
-        return GenerationPlan(
-            ids, min(max_new_tokens, room), sampling, stops, mode, request_cues, reprefill_segments, draft_limit
+        plan = GenerationPlan(
+            prompt_ids=ids,
+            settings=settings,
+            max_new_tokens=min(settings.max_new_tokens, room),
+            cues=self._request_cues(settings.cues),
+            speculative=self._draft_limit(settings, self.speculative),
         )
+        self.backend.check(plan)
+        return plan
 
-    def _draft_limit(self, speculative: bool | int) -> int:
-        """``False`` -> 0 (off), ``True`` -> the default maximum draft length, an int -> that maximum."""
-        if speculative is True:
-            speculative = DEFAULT_MAX_DRAFT
-        if speculative is False or speculative == 0:
-            return 0
-        if not isinstance(speculative, int) or not 1 <= speculative <= 64:
-            raise GenerationError(f"speculative must be True, False or a draft length 1..64, got {speculative!r}")
-        if "small" not in self.runners:
+    def _request_cues(self, spec: Any) -> CueSet:
+        """Per-request cues (e.g. comparing cue sets on one loaded pair); None keeps the engine's own. Resolved
+        once per distinct spec: a profile is read from disk only the first time."""
+        if spec is None:
+            return self.cues
+        if isinstance(spec, CueSet):
+            return spec
+        cached = self._cue_cache.get(spec)
+        if cached is None:
+            try:
+                cached = self._cue_cache[spec] = resolve_cues(
+                    spec if isinstance(spec, str) else list(spec), self.pair_name
+                )
+            except CueConfigError as exc:
+                raise GenerationError(str(exc)) from exc
+        return cached
+
+    def _draft_limit(self, settings: GenerationSettings, default: int) -> int:
+        limit = settings.draft_limit(default)
+        if limit and "small" not in self.backend.roles:
             raise GenerationError("speculative decoding needs a small model to draft, and this engine has none")
-        return speculative
+        return limit
 
     # -- running ------------------------------------------------------------------------------------------------
     def run_plan(self, plan: GenerationPlan, cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
-        """The stream of one planned request. Holds the engine lock while it runs; closing it stops generation."""
-        with self._lock:
-            # Speculation in mode "large" needs the small model too (as the drafter); mode "small" has nothing to draft.
-            both = plan.mode == "relay" or (plan.mode == "large" and plan.speculative > 0)
-            runners = {role: self.runners[role] for role in (("large", "small") if both else (plan.mode,))}
-            speculation = (
-                Speculation(DraftLength(plan.speculative), self.draft_confidence) if plan.speculative and both else None
-            )
+        """The stream of one planned request; closing it stops generation. Holds the engine lock while it runs when
+        the backend serializes requests."""
+        with self._lock if self.backend.serialized else contextlib.nullcontext():
             policy = RelayPolicy(plan.cues, self.policy_config, plan.mode)
-            yield from relay_stream(
-                runners,
-                self.tokenizer,
-                plan.prompt_ids,
-                policy,
-                Sampler(plan.sampling),
-                plan.max_new_tokens,
-                self.eos_ids,
-                plan.stop,
-                cancel,
-                self.reuse_prefix and not plan.reprefill_segments,
-                plan.reprefill_segments,
-                speculation,
+            transcript = Transcript(
+                self.tokenizer, plan.prompt_ids, policy, plan.stop, self.eos_ids, plan.max_new_tokens
             )
+            yield from drive(transcript, self.backend.open(plan, transcript), cancel)
 
     def stream_ids(
-        self, prompt_ids: Sequence[int], cancel: threading.Event | None = None, **settings: Any
+        self,
+        prompt_ids: Sequence[int],
+        cancel: threading.Event | None = None,
+        settings: GenerationSettings | None = None,
+        **overrides: Any,
     ) -> Iterator[StreamEvent]:
         """Raw path: stream from prompt token ids (no chat template)."""
-        return self.run_plan(self.plan(prompt_ids, **settings), cancel)
+        return self.run_plan(self.plan(prompt_ids, settings, **overrides), cancel)
 
-    def generate_ids(self, prompt_ids: Sequence[int], **settings: Any) -> RelayResult:
-        return _final(self.stream_ids(prompt_ids, **settings))
+    def generate_ids(
+        self, prompt_ids: Sequence[int], settings: GenerationSettings | None = None, **overrides: Any
+    ) -> RelayResult:
+        return _final(self.stream_ids(prompt_ids, None, settings, **overrides))
 
     def stream(
         self,
@@ -310,11 +321,14 @@ class RelayEngine:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         assistant_prefix: str | None = None,
         cancel: threading.Event | None = None,
-        **settings: Any,
+        settings: GenerationSettings | None = None,
+        **overrides: Any,
     ) -> Iterator[StreamEvent]:
         """Streams TextEvent / SwitchEvent as text becomes final, then one FinalEvent with the whole result."""
-        prompt_ids = self.encode_messages(messages, tools, chat_template_kwargs, assistant_prefix)
-        return self.stream_ids(prompt_ids, cancel, **settings)
+        plan = self.plan(
+            self.encode_messages(messages, tools, chat_template_kwargs, assistant_prefix), settings, **overrides
+        )
+        return self.run_plan(plan, cancel)
 
     def generate(
         self,
@@ -323,17 +337,15 @@ class RelayEngine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         assistant_prefix: str | None = None,
-        **settings: Any,
+        settings: GenerationSettings | None = None,
+        **overrides: Any,
     ) -> RelayResult:
         return _final(
             self.stream(
-                messages,
-                tools=tools,
-                chat_template_kwargs=chat_template_kwargs,
-                assistant_prefix=assistant_prefix,
-                **settings,
+                messages, tools=tools, chat_template_kwargs=chat_template_kwargs, assistant_prefix=assistant_prefix,
+                settings=settings, **overrides,
             )
-        )
+        )  # fmt: skip
 
     async def astream_plan(self, plan: GenerationPlan) -> AsyncIterator[StreamEvent]:
         """Runs the plan on a worker thread and hands events back through the event loop, which is never blocked.
@@ -377,10 +389,11 @@ class RelayEngine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         assistant_prefix: str | None = None,
-        **settings: Any,
+        settings: GenerationSettings | None = None,
+        **overrides: Any,
     ) -> AsyncIterator[StreamEvent]:
-        plan = self.plan(self.encode_messages(messages, tools, chat_template_kwargs, assistant_prefix), **settings)
-        async for event in self.astream_plan(plan):
+        prompt_ids = self.encode_messages(messages, tools, chat_template_kwargs, assistant_prefix)
+        async for event in self.astream_plan(self.plan(prompt_ids, settings, **overrides)):
             yield event
 
     async def agenerate(
@@ -390,28 +403,27 @@ class RelayEngine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         assistant_prefix: str | None = None,
-        **settings: Any,
+        settings: GenerationSettings | None = None,
+        **overrides: Any,
     ) -> RelayResult:
-        async for event in self.astream(
-            messages,
-            tools=tools,
-            chat_template_kwargs=chat_template_kwargs,
-            assistant_prefix=assistant_prefix,
-            **settings,
-        ):
-            if isinstance(event, FinalEvent):
-                return event.result
-        raise RuntimeError("generation ended without a result")
+        prompt_ids = self.encode_messages(messages, tools, chat_template_kwargs, assistant_prefix)
+        return await _afinal(self.astream_plan(self.plan(prompt_ids, settings, **overrides)))
 
-    async def agenerate_ids(self, prompt_ids: Sequence[int], **settings: Any) -> RelayResult:
-        async for event in self.astream_plan(self.plan(prompt_ids, **settings)):
-            if isinstance(event, FinalEvent):
-                return event.result
-        raise RuntimeError("generation ended without a result")
+    async def agenerate_ids(
+        self, prompt_ids: Sequence[int], settings: GenerationSettings | None = None, **overrides: Any
+    ) -> RelayResult:
+        return await _afinal(self.astream_plan(self.plan(prompt_ids, settings, **overrides)))
 
 
 def _final(events: Iterator[StreamEvent]) -> RelayResult:
     for event in events:
+        if isinstance(event, FinalEvent):
+            return event.result
+    raise RuntimeError("generation ended without a result")
+
+
+async def _afinal(events: AsyncIterator[StreamEvent]) -> RelayResult:
+    async for event in events:
         if isinstance(event, FinalEvent):
             return event.result
     raise RuntimeError("generation ended without a result")

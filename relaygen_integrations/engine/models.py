@@ -59,7 +59,7 @@ def dtype_tag(dtype: torch.dtype) -> str:
 
 def resolve_reference(ref: str, role: ModelRole, dtype: torch.dtype) -> tuple[str, str | None]:
     """Maps a user's model name to something ``from_pretrained`` accepts, plus the known pair's name if any."""
-    from ..models_registry import KNOWN_PAIRS, resolve_model
+    from ..registry import KNOWN_PAIRS, resolve_model
 
     pair = ref.split(":", 1)[0]
     return resolve_model(ref, role, dtype=dtype_tag(dtype)), (pair if pair in KNOWN_PAIRS else None)

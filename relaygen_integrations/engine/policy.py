@@ -29,10 +29,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .cues import CueSet, has_left_boundary, is_word_char
-from .spans import ModelRole
+from .spans import Mode, ModelRole
 
 PolicyState = Literal["large", "small_sentence", "answer"]
-Mode = Literal["relay", "large", "small"]
 
 # Words whose trailing "." does not end a sentence.
 _ABBREVIATIONS = frozenset({"e.g", "i.e", "vs", "mr", "mrs", "ms", "dr", "prof", "approx", "fig", "eq", "cf", "st"})

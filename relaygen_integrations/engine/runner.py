@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -17,14 +18,14 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .spans import ModelRole
 
+# Told of every forward pass over committed ids ``[start, end)`` (the transcript counts prefill / catch-up from it).
+ForwardObserver = Callable[[int, int], None]
+
 
 @dataclass
 class ForwardStats:
-    """Where a runner's forward work went during one request."""
+    """Where a runner's forward work went during one request (whose tokens they were: ``Transcript``)."""
 
-    prefill_tokens: int = 0
-    catchup_tokens: int = 0
-    decode_steps: int = 0
     reused_tokens: int = 0
     forward_passes: int = 0
     draft_tokens: int = 0  # speculation: tokens this (small) runner proposed for the large model
@@ -40,6 +41,7 @@ class ModelRunner:
     cached_ids: list[int] = field(default_factory=list)
     last_logits: torch.Tensor | None = None  # next-token logits after ``cached_ids``
     stats: ForwardStats = field(default_factory=ForwardStats)
+    on_forward: ForwardObserver | None = None
     cache_kwarg: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -57,10 +59,14 @@ class ModelRunner:
         self.cached_ids = []
         self.last_logits = None
 
-    def begin_request(self, prompt_ids: list[int], reuse_prefix: bool) -> None:
+    def begin_request(
+        self, prompt_ids: list[int], reuse_prefix: bool, on_forward: ForwardObserver | None = None
+    ) -> None:
         """Keeps the longest cached prefix shared with the new prompt (minus one token, so there is always at
-        least one token to forward and fresh logits to sample from); drops the rest with ``DynamicCache.crop``."""
+        least one token to forward and fresh logits to sample from); drops the rest with ``DynamicCache.crop``.
+        ``on_forward`` is told of each forward pass over the request's committed ids."""
         self.stats = ForwardStats()
+        self.on_forward = on_forward
         keep = 0
         if reuse_prefix and self.cache is not None:
             limit = min(len(self.cached_ids), len(prompt_ids) - 1)
@@ -76,19 +82,15 @@ class ModelRunner:
             self.last_logits = None
         self.stats.reused_tokens = keep
 
-    def logits_for(self, ids: list[int], prompt_len: int, owners: list[ModelRole]) -> torch.Tensor:
-        """Next-token logits (1-D, float32) after ``ids``, forwarding only the tokens this runner has not seen.
-
-        ``owners[j]`` is the model that wrote completion token ``j``; it tells catch-up from own tokens apart.
-        """
+    def logits_for(self, ids: list[int]) -> torch.Tensor:
+        """Next-token logits (1-D, float32) after ``ids``, forwarding only the tokens this runner has not seen."""
         seen = len(self.cached_ids)
         if seen == len(ids) and self.last_logits is not None:
             return self.last_logits
         if seen >= len(ids):
             raise RuntimeError(f"{self.role} runner holds {seen} tokens but the sequence has only {len(ids)}")
-        new_ids = ids[seen:]
-        self._account(seen, len(ids), prompt_len, owners)
-        self.last_logits = forward_tokens(self, new_ids)
+        self._account(seen, len(ids))
+        self.last_logits = forward_tokens(self, ids[seen:])
         return self.last_logits
 
     def draft_step(self, token: int) -> torch.Tensor:
@@ -98,13 +100,13 @@ class ModelRunner:
         self.last_logits = forward_tokens(self, [token])
         return self.last_logits
 
-    def verify(self, ids: list[int], draft: list[int], prompt_len: int, owners: list[ModelRole]) -> torch.Tensor:
+    def verify(self, ids: list[int], draft: list[int]) -> torch.Tensor:
         """Logits after ``ids`` and after each draft prefix — ``len(draft) + 1`` rows — in ONE forward pass over the
         unseen part of ``ids`` followed by the draft (speculative verification)."""
         if len(self.cached_ids) >= len(ids):
             self.sync_to(ids)  # always leave one committed token to forward, so row 0 comes from this pass
         seen = len(self.cached_ids)
-        self._account(seen, len(ids), prompt_len, owners)
+        self._account(seen, len(ids))
         self.stats.verified_tokens += len(draft)
         logits = forward_tokens(self, ids[seen:] + draft, keep=len(draft) + 1).reshape(len(draft) + 1, -1)
         self.last_logits = logits[-1]
@@ -125,15 +127,10 @@ class ModelRunner:
             del self.cached_ids[keep:]
             self.last_logits = None
 
-    def _account(self, seen: int, total: int, prompt_len: int, owners: list[ModelRole]) -> None:
-        prompt_part = max(0, prompt_len - seen)
-        self.stats.prefill_tokens += prompt_part
-        for j in range(max(0, seen - prompt_len), total - prompt_len):
-            if owners[j] == self.role:
-                self.stats.decode_steps += 1
-            else:
-                self.stats.catchup_tokens += 1
+    def _account(self, seen: int, total: int) -> None:
         self.stats.forward_passes += 1
+        if self.on_forward is not None:
+            self.on_forward(seen, total)
 
 
 @torch.inference_mode()

@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from .settings import SamplingParams
 
-class SamplingParams(BaseModel):
-    """Validated sampling settings; ``temperature=0`` means greedy."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    temperature: float = Field(0.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=1)
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+__all__ = ["Sampler", "SamplingParams"]
 
 
 class Sampler:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 ModelRole = Literal["large", "small"]
+Mode = Literal["relay", "large", "small"]  # who writes: both models, or one alone (the baselines)
 FinishReason = Literal["stop", "length", "stop_sequence", "cancelled"]
 
 

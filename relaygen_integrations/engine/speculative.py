@@ -19,7 +19,6 @@ import torch
 
 from .runner import ModelRunner
 from .sampling import Sampler
-from .spans import ModelRole
 
 DEFAULT_MAX_DRAFT = 6
 # A draft stops after a token the small model gave less than this probability: such a token is likely rejected, and
@@ -62,8 +61,6 @@ class SpeculationStats:
 def draft(
     small: ModelRunner,
     ids: list[int],
-    prompt_len: int,
-    owners: list[ModelRole],
     sampler: Sampler,
     length: int,
     eos_ids: frozenset[int],
@@ -76,7 +73,7 @@ def draft(
     """
     if length <= 0:
         return [], []
-    logits = small.logits_for(ids, prompt_len, owners)  # catch-up on everything committed since the last draft
+    logits = small.logits_for(ids)  # catch-up on everything committed since the last draft
     tokens: list[int] = []
     draft_probs: list[torch.Tensor] = []
     context = [] if sampler.params.greedy else list(ids)  # only sampling's processors read the sequence
@@ -138,8 +135,6 @@ def speculative_step(
     large: ModelRunner,
     small: ModelRunner,
     ids: list[int],
-    prompt_len: int,
-    owners: list[ModelRole],
     sampler: Sampler,
     length: DraftLength,
     budget: int,
@@ -150,10 +145,8 @@ def speculative_step(
     """One draft-and-verify round for the large model: 1 to ``length.current + 1`` tokens (at most ``budget``), each
     one the large model's own choice. Caches may hold tokens past what the caller keeps; it crops them
     (``ModelRunner.sync_to``) once it has decided how many tokens it keeps."""
-    draft_tokens, draft_probs = draft(
-        small, ids, prompt_len, owners, sampler, min(length.current, budget - 1), eos_ids, min_confidence
-    )
-    target_logits = large.verify(ids, draft_tokens, prompt_len, owners)
+    draft_tokens, draft_probs = draft(small, ids, sampler, min(length.current, budget - 1), eos_ids, min_confidence)
+    target_logits = large.verify(ids, draft_tokens)
     committed, accepted = accept(draft_tokens, target_logits, draft_probs, sampler, ids)
     stats.rounds += 1
     stats.drafted += len(draft_tokens)

@@ -1,24 +1,54 @@
 """The completion under construction, token by token: backend-agnostic bookkeeping of a relay generation.
 
 A backend only has to produce token ids for the current writer; :class:`Transcript` does the rest: exact incremental
-text, the policy's decision after every token (dropping a rolled-back look-ahead token), stop sequences across
-switches, span boundaries, stream events, and the final ``RelayResult``. Both backends drive it - the local loop
-(``generate.py``) with tokens from its two runners, the remote backend (``remote.py``) with tokens streamed from
-OpenAI-compatible servers - so they cannot drift apart.
+text, the policy's decision after every token (dropping a rolled-back look-ahead token), the end of the generation
+(end-of-sequence token, stop sequences across switches, the token budget), span boundaries, stream events, the
+forward-pass accounting (prefill / catch-up tokens per model) and the final ``RelayResult``. Every backend feeds it
+through :meth:`Transcript.feed` from the one loop in ``generate.py`` - the local runners, the remote endpoints and the
+single-model completion server alike - so they cannot drift apart.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
 from .detokenize import IncrementalDetokenizer
-from .policy import Decision, RelayPolicy
+from .policy import CONTINUE, Decision, RelayPolicy
 from .spans import FinalEvent, FinishReason, ModelRole, RelayResult, Span, StreamEvent, SwitchEvent, TextEvent, Usage
+
+
+@dataclass
+class BackendUsage:
+    """The Usage fields only a backend knows (the transcript counts the rest itself)."""
+
+    reused_prefix_tokens: int = 0
+    speculative_rounds: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    requests: int = 0
+    large_forward_seconds: float = 0.0
+    small_forward_seconds: float = 0.0
+
+
+@dataclass
+class ForwardCounts:
+    """The committed tokens one model forward-passed during a generation, by whose they were."""
+
+    prefill: int = 0  # prompt tokens
+    catchup: int = 0  # the other model's tokens
+    own: int = 0  # its own tokens (a decode step forwards the token sampled the step before)
+
+
+@dataclass
+class Fed:
+    """What :meth:`Transcript.feed` did with a batch of tokens: how many it kept and the policy's last decision."""
+
+    pushed: int = 0
+    decision: Decision = field(default=CONTINUE)
 
 
 @dataclass
@@ -89,6 +119,8 @@ class Transcript:
         prompt_ids: Sequence[int],
         policy: RelayPolicy,
         stop: Sequence[str] = (),
+        eos_ids: frozenset[int] = frozenset(),
+        max_new_tokens: int | None = None,
     ) -> None:
         self.started = time.perf_counter()
         self.policy = policy
@@ -102,10 +134,67 @@ class Transcript:
         self.emitter = Emitter(self.segments)
         self.stop_at: int | None = None  # where a stop sequence begins in the text, once one appeared
         self.rolled_back = 0
+        self.eos_ids = eos_ids
+        self.max_new_tokens = max_new_tokens
+        self.finish_reason: FinishReason | None = None  # set once the generation has ended
+        self.forwarded: dict[ModelRole, ForwardCounts] = {"large": ForwardCounts(), "small": ForwardCounts()}
 
     @property
     def completion_tokens(self) -> int:
         return len(self.owners)
+
+    @property
+    def matched_stop(self) -> str | None:
+        """The stop sequence that ended the text (the first one given, where several start at the same place)."""
+        if self.stop_at is None:
+            return None
+        return next(s for s in self.stop if self.detok.text.startswith(s, self.stop_at))
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def end(self, reason: FinishReason) -> None:
+        """Ends the generation (a backend's own reason: the model ended, cancelled, nothing more to write)."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+
+    def feed(self, tokens: Sequence[int], writer: ModelRole) -> Generator[StreamEvent, None, Fed]:
+        """Pushes ``tokens`` written by ``writer`` one by one, yielding the text each makes final. Stops early at an
+        end-of-sequence token, a stop sequence, the token budget (each ends the generation) or a decision to switch
+        (what follows was written for the previous writer and is discarded). Returns what it kept and decided."""
+        fed = Fed()
+        for token in tokens:
+            if self.finish_reason is not None:
+                break
+            if token in self.eos_ids:
+                self.end("stop")
+                break
+            fed.decision = self.push(token, writer)
+            fed.pushed += 1
+            if self.stop_at is not None:
+                self.end("stop_sequence")
+                break
+            yield from self.release()
+            if fed.decision.action != "continue":
+                break
+            if self.max_new_tokens is not None and len(self.owners) >= self.max_new_tokens:
+                self.end("length")
+        if self.max_new_tokens is not None and len(self.owners) >= self.max_new_tokens:
+            self.end("length")
+        return fed
+
+    def account_forward(self, role: ModelRole, start: int, end: int) -> None:
+        """Counts a forward pass of ``role``'s model over the sequence's ids ``[start, end)``: prompt tokens are
+        prefill, the other model's tokens catch-up. Runners and endpoints report positions only; whose tokens
+        they were is known here."""
+        counts = self.forwarded[role]
+        counts.prefill += max(0, min(end, self.prompt_len) - start)
+        for owner in self.owners[max(0, start - self.prompt_len) : max(0, end - self.prompt_len)]:
+            if owner == role:
+                counts.own += 1
+            else:
+                counts.catchup += 1
 
     def push(self, token: int, writer: ModelRole) -> Decision:
         """Adds one token written by ``writer`` and returns the policy's decision on it. A rollback has already been
@@ -139,9 +228,10 @@ class Transcript:
         text = self.detok.text
         yield from self.emitter.release(text, len(text) - (stop_holdback(text, self.stop) if self.stop else 0))
 
-    def finish(self, finish: FinishReason, **backend_usage: Any) -> Iterator[StreamEvent]:
-        """The remaining text events and the FinalEvent. ``backend_usage`` are the Usage fields only the backend
-        knows (prefill / catch-up / reused-prefix tokens, requests)."""
+    def finish(self, backend_usage: BackendUsage | None = None) -> Iterator[StreamEvent]:
+        """The remaining text events and the FinalEvent. ``backend_usage``: the Usage fields only the backend knows
+        (reused-prefix tokens, speculation counters, requests, forward time)."""
+        finish: FinishReason = self.finish_reason or "length"
         if self.stop_at is None:
             self.detok.flush()
         text = self.detok.text if self.stop_at is None else self.detok.text[: self.stop_at]
@@ -162,7 +252,11 @@ class Transcript:
             small_tokens=sum(1 for o in self.owners[:kept] if o == "small"),
             switches=len(spans) - 1,
             rolled_back_tokens=self.rolled_back,
-            **backend_usage,
+            large_prefill_tokens=self.forwarded["large"].prefill,
+            small_prefill_tokens=self.forwarded["small"].prefill,
+            large_catchup_tokens=self.forwarded["large"].catchup,
+            small_catchup_tokens=self.forwarded["small"].catchup,
+            **asdict(backend_usage or BackendUsage()),
         )
         yield FinalEvent(
             RelayResult(

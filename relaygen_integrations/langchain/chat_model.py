@@ -36,11 +36,14 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, Runn
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.uuid import uuid7
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict
 
+from ..chat.model_fields import RelayModelFields
 from ..chat.relay_chat import ChatDelta, ChatRequest, astream_chat, prepare_chat, stream_chat
 from ..chat.tool_calls import InvalidToolCall, ToolCall, forced_prefix, validate_tools
-from ..engine import RelayEngine, RelayResult, SwitchEvent
+from ..engine.engine import RelayEngine
+from ..engine.settings import merge_settings
+from ..engine.spans import RelayResult, SwitchEvent
 
 SWITCH_EVENT = "relaygen_switch"
 _RUN_KWARG = "relaygen_run_id"
@@ -50,7 +53,7 @@ _STREAM_RUNS: dict[str, RunnableConfig] = {}
 _ROLE_OF = {"human": "user", "user": "user", "ai": "assistant", "assistant": "assistant", "system": "system"}
 
 
-class RelayChatModel(BaseChatModel):
+class RelayChatModel(RelayModelFields, BaseChatModel):
     """A chat model where a large model reasons and a small model finishes easy sentences (RelayGen).
 
     Every streamed chunk says which model wrote it in ``response_metadata["relaygen_chunks"]`` (a list, so chunks
@@ -69,29 +72,9 @@ class RelayChatModel(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
 
-    large: str = "demo"
-    """Large model: a known pair name ("demo"), a local directory or a hub id."""
-    small: str = "demo"
-    """Small model (same tokenizer as the large one)."""
-    cues: str | list[str] = "auto"
-    """Switch cues: "auto" (calibrated profile for a known pair, else generic), a preset, a list, or a profile path."""
-    device: str = "auto"
-    dtype: str = "auto"
-    temperature: float = 0.0
-    max_tokens: int = Field(256, alias="max_new_tokens")
-    top_p: float = 1.0
-    top_k: int | None = None
-    seed: int | None = None
-    stop: list[str] | None = Field(default=None, alias="stop_sequences")
-    mode: Literal["relay", "large", "small"] = "relay"
-    speculative: bool | int = False
-    """Self-speculative decoding: the small model drafts for the large model's tokens (same output, greedy); an int
-    bounds the adaptive draft length."""
     chat_template_kwargs: dict[str, Any] | None = None
     streaming: bool = False
     """Whether ``invoke`` streams internally (so callbacks see tokens)."""
-
-    _engine: RelayEngine | None = PrivateAttr(default=None)
 
     def __init__(self, engine: RelayEngine | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -127,12 +110,8 @@ class RelayChatModel(BaseChatModel):
 
     @property
     def engine(self) -> RelayEngine:
-        """The shared engine, loaded on first use."""
-        if self._engine is None:
-            self._engine = RelayEngine.shared(
-                self.large, self.small, cues=self.cues, device=self.device, dtype=self.dtype
-            )
-        return self._engine
+        """The engine given to the constructor, or the shared one for this pair, loaded on first use."""
+        return self.load_engine()
 
     # -- tools --------------------------------------------------------------------------------------------------
     def bind_tools(
@@ -187,26 +166,14 @@ class RelayChatModel(BaseChatModel):
         kwargs = dict(kwargs)
         tools = kwargs.pop("tools", None)
         tool_choice = kwargs.pop("tool_choice", None)
-        stops = [*(self.stop or []), *(stop or []), *(kwargs.pop("stop", None) or [])]
-        settings = {
-            "max_new_tokens": kwargs.pop("max_tokens", kwargs.pop("max_new_tokens", self.max_tokens)),
-            "temperature": kwargs.pop("temperature", self.temperature),
-            "top_p": kwargs.pop("top_p", self.top_p),
-            "top_k": kwargs.pop("top_k", self.top_k),
-            "seed": kwargs.pop("seed", self.seed),
-            "mode": kwargs.pop("mode", self.mode),
-            "speculative": kwargs.pop("speculative", self.speculative),
-            "stop": stops or None,
-        }
         template_kwargs = kwargs.pop("chat_template_kwargs", self.chat_template_kwargs)
         response_format = kwargs.pop("response_format", None)
         kwargs.pop("ls_structured_output_format", None)
         kwargs.pop(_RUN_KWARG, None)
-        if kwargs:
-            raise TypeError(f"RelayChatModel got unsupported call arguments: {sorted(kwargs)}")
-        return prepare_chat(
-            convert_messages(messages), tools, tool_choice, template_kwargs, response_format, **settings
-        )
+        # LangChain adds a call's stop sequences to the model's own; a string is one stop sequence.
+        stops = [*(self.stop or []), *_stop_list(stop), *_stop_list(kwargs.pop("stop", None))]
+        settings = merge_settings(self.settings_layer(), kwargs, {"stop": stops})
+        return prepare_chat(convert_messages(messages), settings, tools, tool_choice, template_kwargs, response_format)
 
     # -- LangChain entry points ---------------------------------------------------------------------------------
     def stream(
@@ -345,6 +312,12 @@ class RelayChatModel(BaseChatModel):
             if report_tokens and run_manager is not None and delta.result is None:
                 await run_manager.on_llm_new_token(delta.text, chunk=chunk)
             yield chunk
+
+
+def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
 
 
 # -- message conversion (LangChain -> chat-template dicts) ----------------------------------------------------------

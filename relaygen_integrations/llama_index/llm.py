@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import (
     CachePoint,
@@ -32,7 +32,7 @@ from llama_index.core.base.llms.types import (
     ThinkingBlock,
     ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.base import BaseEvent
@@ -41,21 +41,26 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
+from ..chat.model_fields import RelayModelFields
 from ..chat.relay_chat import ChatDelta, ChatRequest, astream_chat, prepare_chat, stream_chat
 from ..chat.tool_calls import InvalidToolCall, ParsedOutput, ToolCall, assistant_tool_calls_for_template
+from ..engine.settings import GenerationSettings, merge_settings
 from ..engine.spans import FinalEvent, RelayResult, StreamEvent, SwitchEvent, TextEvent
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
 
-    from ..engine.engine import GenerationPlan, RelayEngine
+    from ..engine.engine import RelayEngine
+    from ..engine.settings import GenerationPlan
 
 logger = logging.getLogger(__name__)
 dispatcher = get_dispatcher(__name__)
 
 # Per-call keyword arguments that override the LLM's generation settings; anything else LlamaIndex passes through
 # (it forwards whatever a caller gives chat_with_tools) is ignored, as other LlamaIndex LLMs do.
-_SETTING_KEYS = ("temperature", "top_p", "top_k", "seed", "stop", "mode", "speculative")
+_SETTING_KEYS = (
+    "max_tokens", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "mode", "speculative", "cues",
+)  # fmt: skip
 _ROLE_MAP: dict[str, str] = {
     MessageRole.SYSTEM.value: "system",
     MessageRole.DEVELOPER.value: "system",
@@ -293,7 +298,7 @@ def _last(responses: Iterator[Any]) -> Any:
 
 
 # -- the LLM ------------------------------------------------------------------------------------------------------
-class RelayLLM(FunctionCallingLLM):
+class RelayLLM(RelayModelFields, FunctionCallingLLM):
     """RelayGen as a LlamaIndex LLM: a large model reasons, a small model with the same tokenizer finishes the easy
     sentences (after switch cues) and writes the final answer.
 
@@ -301,30 +306,9 @@ class RelayLLM(FunctionCallingLLM):
     configuration, also shared with the LangChain adapter), or pass a ready ``engine=``.
     """
 
-    large: str = Field(default="demo", description="Large model: a known pair name, a local directory or a hub id.")
-    small: str = Field(default="demo", description="Small model (same tokenizer as the large one).")
-    cues: str | list[str] = Field(default="auto", description="Switch cues: a preset/profile name or a list.")
-    device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
-    dtype: str = Field(default="auto", description="'auto', 'bf16', 'fp16' or 'fp32'.")
-    temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
-    max_tokens: int = Field(default=256, gt=0, description="Most new tokens per call (num_output).")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, gt=0)
-    seed: int | None = Field(default=None, description="Seed for sampling (temperature > 0).")
-    stop: list[str] | None = Field(default=None, description="Stop strings (they hold across a switch too).")
-    mode: Literal["relay", "large", "small"] = Field(
-        default="relay", description="'relay', or one model alone through the same loop (baselines)."
-    )
-    speculative: bool | int = Field(
-        default=False,
-        description="The small model drafts for the large model's tokens (same greedy output); an int bounds the "
-        "adaptive draft length.",
-    )
     context_window: int | None = Field(
         default=None, gt=0, description="Override; by default the large model's max_position_embeddings."
     )
-
-    _engine: RelayEngine | None = PrivateAttr(default=None)
 
     def __init__(self, engine: RelayEngine | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -343,10 +327,7 @@ class RelayLLM(FunctionCallingLLM):
         return self._engine
 
     def _load_engine(self) -> RelayEngine:
-        from ..engine.engine import RelayEngine
-
-        # Always the same keyword set, so equal configurations map to one cache key in RelayEngine.shared.
-        return RelayEngine.shared(self.large, self.small, cues=self.cues, device=self.device, dtype=self.dtype)
+        return self.load_engine()
 
     async def _aengine(self) -> RelayEngine:
         # Loading takes seconds to minutes; a worker thread keeps the event loop responsive meanwhile.
@@ -381,32 +362,19 @@ class RelayLLM(FunctionCallingLLM):
         return f"relay({large}+{small})" if self.mode == "relay" else f"{self.mode}({large}+{small})"
 
     # -- request building --------------------------------------------------------------------------------------
-    def _settings(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
-        settings: dict[str, Any] = {
-            "max_new_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "seed": self.seed,
-            "stop": self.stop,
-            "mode": self.mode,
-            "speculative": self.speculative,
-        }
-        for key in _SETTING_KEYS:
-            if overrides.get(key) is not None:
-                settings[key] = overrides[key]
-        for key in ("max_tokens", "max_new_tokens"):
-            if overrides.get(key) is not None:
-                settings["max_new_tokens"] = overrides[key]
-        return settings
+    def _settings(self, overrides: Mapping[str, Any]) -> GenerationSettings:
+        """The fields, overridden by the call's generation keywords (given, not None); LlamaIndex passes other
+        keywords through (e.g. ``tool_required``), which are not generation settings."""
+        given = {key: overrides[key] for key in _SETTING_KEYS if overrides.get(key) is not None}
+        return merge_settings(self.settings_layer(), given)
 
     def _chat_request(self, messages: Sequence[ChatMessage], kwargs: Mapping[str, Any]) -> ChatRequest:
         return prepare_chat(
             to_relay_messages(messages),
+            self._settings(kwargs),
             tools=_tool_dicts(kwargs.get("tools")),
             tool_choice=kwargs.get("tool_choice"),
             chat_template_kwargs=kwargs.get("chat_template_kwargs"),
-            **self._settings(kwargs),
         )
 
     def _completion_plan(
@@ -415,10 +383,10 @@ class RelayLLM(FunctionCallingLLM):
         """A validated plan: the chat template with one user message, or the raw prompt ids if ``formatted``."""
         settings = self._settings(kwargs)
         if formatted:
-            return engine.plan(engine.tokenizer.encode(prompt, add_special_tokens=False), **settings)
+            return engine.plan(engine.tokenizer.encode(prompt, add_special_tokens=False), settings)
         return engine.plan(
             engine.encode_messages([{"role": "user", "content": prompt}], None, kwargs.get("chat_template_kwargs")),
-            **settings,
+            settings,
         )
 
     # -- chat --------------------------------------------------------------------------------------------------
@@ -595,7 +563,7 @@ RelayChatModel = RelayLLM
 # -- names and sizes without loading ------------------------------------------------------------------------------
 def _display_name(ref: str, role: str) -> str:
     """``demo`` -> ``demo:large`` (what the loaded engine will call it); other references are shown as given."""
-    from ..models_registry import KNOWN_PAIRS
+    from ..registry import KNOWN_PAIRS
 
     return f"{ref}:{role}" if ref in KNOWN_PAIRS else ref
 
@@ -604,7 +572,7 @@ def _peek_context_window(ref: str) -> int | None:
     """The large model's context window from its config.json when it is on disk already (a cached pair or a local
     directory); never downloads or loads weights."""
     try:
-        from ..models_registry import KNOWN_PAIRS, pair_paths
+        from ..registry import KNOWN_PAIRS, pair_paths
 
         pair, _, role = ref.partition(":")
         if pair in KNOWN_PAIRS:

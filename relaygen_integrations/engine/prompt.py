@@ -1,19 +1,45 @@
-"""Rendering OpenAI-style message dicts to prompt token ids through the model's own chat template."""
+"""Rendering OpenAI-style message dicts (and tool schemas) to prompt token ids through the model's own chat template.
+
+It lives in the engine because ``RelayEngine.generate(messages)`` renders prompts itself; the chat layer above
+(``chat/``) builds on it and never the other way round.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedTokenizerBase
-
-from .tool_calls import validate_tools
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
 class MessageError(ValueError):
     """The messages cannot be rendered into a prompt."""
+
+
+class ToolSchemaError(ValueError):
+    """A tool definition is not an OpenAI-style function schema."""
+
+
+def validate_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Checks OpenAI-style tool schemas (``{"type": "function", "function": {"name", "parameters"}}``)."""
+    checked = []
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise ToolSchemaError(f"tool {index} is a {type(tool).__name__}, not an OpenAI-style tool dict")
+        function = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(function, Mapping):
+            raise ToolSchemaError(f"tool {index} must look like {{'type': 'function', 'function': {{...}}}}")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise ToolSchemaError(f"tool {index} has no function name")
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, Mapping) or parameters.get("type", "object") != "object":
+            raise ToolSchemaError(f"tool {name!r}: 'parameters' must be a JSON schema of type 'object'")
+        checked.append(dict(tool))
+    return checked
 
 
 def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -1,0 +1,83 @@
+"""The local backend: two in-process transformers models, one KV cache each (``ModelRunner``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .backend import BackendCapabilityError
+from .calibrate import token_margins
+from .generate import LocalSession, Speculation
+from .models import context_window, eos_token_ids
+from .runner import ModelRunner
+from .sampling import Sampler
+from .settings import GenerationPlan
+from .spans import ModelRole
+from .speculative import DEFAULT_DRAFT_CONFIDENCE, DraftLength
+from .transcript import Transcript
+
+
+class LocalBackend:
+    """A large and (optionally) a small model in this process. Requests run one at a time: each cache holds one
+    sequence, and on a CPU a second concurrent generation would only split the same cores."""
+
+    kind = "local"
+    serialized = True
+
+    def __init__(
+        self,
+        large: PreTrainedModel,
+        small: PreTrainedModel | None,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        large_name: str = "large",
+        small_name: str = "small",
+        reuse_prefix: bool = True,
+        draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+    ) -> None:
+        self.large_name, self.small_name = large_name, small_name
+        self.runners: dict[ModelRole, ModelRunner] = {"large": ModelRunner("large", large)}
+        if small is not None:
+            self.runners["small"] = ModelRunner("small", small)
+        self.eos_ids = eos_token_ids(large, tokenizer)
+        self.context_window = context_window(large)
+        self.reuse_prefix = reuse_prefix
+        # Speculation: a draft stops after a token the small model gave less than this probability (0 = never).
+        self.draft_confidence = draft_confidence
+
+    @property
+    def roles(self) -> frozenset[ModelRole]:
+        return frozenset(self.runners)
+
+    def check(self, plan: GenerationPlan) -> None:
+        """Everything a local pair can run is checked by the engine front already."""
+
+    def open(self, plan: GenerationPlan, transcript: Transcript) -> LocalSession:
+        # Speculation in mode "large" needs the small model too (as the drafter); mode "small" has nothing to draft.
+        both = plan.mode == "relay" or (plan.mode == "large" and plan.speculative > 0)
+        runners = {role: self.runners[role] for role in (("large", "small") if both else (plan.mode,))}
+        speculation = (
+            Speculation(DraftLength(plan.speculative), self.draft_confidence) if plan.speculative and both else None
+        )
+        return LocalSession(
+            runners,
+            transcript,
+            Sampler(plan.sampling),
+            reuse_prefix=self.reuse_prefix and not plan.reprefill_segments,
+            reprefill_segments=plan.reprefill_segments,
+            speculation=speculation,
+        )
+
+    def token_margins(self, role: ModelRole, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        return token_margins(self.local_model(role), prompt_ids, completion_ids)
+
+    def local_model(self, role: ModelRole) -> PreTrainedModel:
+        if role not in self.runners:
+            raise BackendCapabilityError(self.kind, f"use a {role} model", "this engine was built without one")
+        return self.runners[role].model
+
+    def close(self) -> None:
+        """Drops both caches (the weights stay loaded while the engine is referenced)."""
+        for runner in self.runners.values():
+            runner.reset()
