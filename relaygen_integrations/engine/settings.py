@@ -19,6 +19,7 @@ from .spans import Mode
 
 MODES: tuple[Mode, ...] = ("relay", "large", "small")
 MAX_DRAFT_LIMIT = 64
+DEFAULT_MAX_DRAFT = 6  # self-speculation's draft length for ``speculative=True`` (tuned: docs/benchmarks.md)
 # The other names callers use for a setting: OpenAI's and LangChain's ``max_tokens``, LangChain's ``stop_sequences``.
 ALIASES = {"max_tokens": "max_new_tokens", "stop_sequences": "stop"}
 # torch seeds its generator from a 64-bit integer; a larger seed would fail deep inside torch.
@@ -102,8 +103,6 @@ class GenerationSettings(BaseModel):
     def draft_limit(self, default: int) -> int:
         """The maximum draft length this request asks for: ``False``/0 -> off, ``True`` -> the library's default
         draft length, an int -> that maximum, None -> ``default`` (the engine's)."""
-        from .speculative import DEFAULT_MAX_DRAFT
-
         if self.speculative is None:
             return default
         if self.speculative is True:

@@ -19,8 +19,8 @@ import torch
 
 from .runner import ModelRunner
 from .sampling import Sampler
+from .settings import DEFAULT_MAX_DRAFT
 
-DEFAULT_MAX_DRAFT = 6
 # A draft stops after a token the small model gave less than this probability: such a token is likely rejected, and
 # every further draft token would cost a small-model step for nothing (the idea of Dynamic Speculation Lookahead,
 # arXiv 2405.04304; transformers' assisted generation starts at 0.4). On the demo pair (GSM8K, 800 large-model tokens

@@ -1,8 +1,10 @@
 """LlamaIndex adapter: ``RelayLLM``, a FunctionCallingLLM over one RelayEngine.
 
-The adapter only converts: LlamaIndex messages and tools to the OpenAI-style dicts the chat layer takes, and the chat
-layer's deltas (text tagged with the model that wrote it, completed tool calls, switches, the final result) back to
-LlamaIndex responses and instrumentation events. Prompt rendering, tool-choice prefills and tool-call parsing live in
+The adapter only converts: LlamaIndex messages and tools to the OpenAI-style dicts the chat layer takes
+(``messages``), and the chat layer's deltas (text tagged with the model that wrote it, completed tool calls, switches,
+the final result) back to LlamaIndex responses and instrumentation events (``events``). This module holds the LLM
+class itself: engine loading, metadata read without loading the models, request building and the chat, completion
+and tool-calling entry points. Prompt rendering, tool-choice prefills and tool-call parsing live in
 ``relaygen_integrations.chat`` and are shared with the LangChain adapter.
 """
 
@@ -11,14 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import deque
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import (
-    CachePoint,
     ChatMessage,
     ChatResponse,
     ChatResponseAsyncGen,
@@ -28,24 +27,24 @@ from llama_index.core.base.llms.types import (
     CompletionResponseGen,
     LLMMetadata,
     MessageRole,
-    TextBlock,
-    ThinkingBlock,
     ToolCallBlock,
 )
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.events.base import BaseEvent
 from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from ..chat.model_fields import RelayModelFields
-from ..chat.relay_chat import ChatDelta, ChatRequest, astream_chat, prepare_chat, stream_chat
-from ..chat.tool_calls import InvalidToolCall, ParsedOutput, ToolCall, assistant_tool_calls_for_template
+from ..chat.relay_chat import ChatRequest, astream_chat, prepare_chat, stream_chat
 from ..engine.settings import GenerationSettings, merge_settings
-from ..engine.spans import FinalEvent, RelayResult, StreamEvent, SwitchEvent, TextEvent
+from ..engine.spans import StreamEvent
+from .events import RelaySwitchEvent as RelaySwitchEvent
+from .events import _ChatTurn, _CompletionTurn, _last
+from .events import dispatcher as dispatcher
+from .messages import _arguments_dict, _tool_dicts
+from .messages import to_relay_messages as to_relay_messages
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -54,247 +53,12 @@ if TYPE_CHECKING:
     from ..engine.settings import GenerationPlan
 
 logger = logging.getLogger(__name__)
-dispatcher = get_dispatcher(__name__)
 
 # Per-call keyword arguments that override the LLM's generation settings; anything else LlamaIndex passes through
 # (it forwards whatever a caller gives chat_with_tools) is ignored, as other LlamaIndex LLMs do.
 _SETTING_KEYS = (
     "max_tokens", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "mode", "speculative", "cues",
 )  # fmt: skip
-_ROLE_MAP: dict[str, str] = {
-    MessageRole.SYSTEM.value: "system",
-    MessageRole.DEVELOPER.value: "system",
-    MessageRole.USER.value: "user",
-    MessageRole.ASSISTANT.value: "assistant",
-    MessageRole.CHATBOT.value: "assistant",
-    MessageRole.MODEL.value: "assistant",
-    MessageRole.TOOL.value: "tool",
-    MessageRole.FUNCTION.value: "tool",
-}
-
-
-class RelaySwitchEvent(BaseEvent):
-    """The writer of a relay generation changed (large -> small at a cue, small -> large at a sentence end, ...).
-
-    Dispatched with the span id of the LLM call that produced it, so span handlers can attach it to that call.
-    """
-
-    from_model: str
-    to_model: str
-    trigger: str
-    char_offset: int
-    span_index: int
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "RelaySwitchEvent"
-
-
-# -- message conversion -------------------------------------------------------------------------------------------
-def to_relay_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """LlamaIndex messages -> the OpenAI-style dicts the chat template renders.
-
-    Assistant tool calls come from ToolCallBlocks (or, for histories written by other LLMs, from
-    ``additional_kwargs["tool_calls"]``); a tool result is a TOOL message with ``additional_kwargs["tool_call_id"]``.
-    """
-    converted: list[dict[str, Any]] = []
-    for index, message in enumerate(messages):
-        role_value = message.role.value if isinstance(message.role, MessageRole) else str(message.role)
-        role = _ROLE_MAP.get(role_value)
-        if role is None:
-            raise ValueError(f"message {index} has role {role_value!r}, which the chat template cannot render")
-        texts: list[str] = []
-        calls: list[dict[str, Any]] = []
-        for block in message.blocks:
-            if isinstance(block, TextBlock):
-                texts.append(block.text)
-            elif isinstance(block, ToolCallBlock):
-                calls.append(_template_call(block.tool_call_id, block.tool_name, block.tool_kwargs))
-            elif isinstance(block, (CachePoint, ThinkingBlock)):
-                # A cache hint means nothing to a local model; earlier reasoning is dropped from history the way
-                # reasoning-model chat templates drop it themselves.
-                continue
-            else:
-                raise ValueError(
-                    f"message {index} ({role}) holds a {type(block).__name__}: the relay model pair is text-only, "
-                    "so only text and tool-call blocks can be sent (no images, audio, video or documents)"
-                )
-        if not calls and role == "assistant":
-            calls = [_template_call_from_kwargs(raw) for raw in message.additional_kwargs.get("tool_calls") or []]
-        entry: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
-        if calls:
-            entry["tool_calls"] = calls
-        if role == "tool":
-            call_id = message.additional_kwargs.get("tool_call_id")
-            if call_id:
-                entry["tool_call_id"] = str(call_id)
-            name = message.additional_kwargs.get("name")
-            if name:
-                entry["name"] = str(name)
-        converted.append(entry)
-    return converted
-
-
-def _template_call(call_id: str | None, name: str, arguments: Mapping[str, Any] | str) -> dict[str, Any]:
-    call: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": _arguments_dict(arguments)}}
-    if call_id:
-        call["id"] = call_id
-    return call
-
-
-def _template_call_from_kwargs(raw: Any) -> dict[str, Any]:
-    """An OpenAI-style tool call (a dict, or an SDK object with ``.function``) from ``additional_kwargs``."""
-    function = raw.get("function") if isinstance(raw, Mapping) else getattr(raw, "function", None)
-    call_id = raw.get("id") if isinstance(raw, Mapping) else getattr(raw, "id", None)
-    if isinstance(function, Mapping):
-        name, arguments = function.get("name"), function.get("arguments", {})
-    else:
-        name, arguments = getattr(function, "name", None), getattr(function, "arguments", {})
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"assistant tool call {raw!r} has no function name")
-    return _template_call(call_id, name, arguments if arguments is not None else {})
-
-
-def _arguments_dict(arguments: Mapping[str, Any] | str) -> dict[str, Any] | str:
-    """Arguments as an object, as the template renders them; a string that is not a JSON object stays as written."""
-    if isinstance(arguments, Mapping):
-        return dict(arguments)
-    try:
-        parsed = json.loads(arguments) if arguments.strip() else {}
-    except json.JSONDecodeError:
-        return arguments
-    return parsed if isinstance(parsed, dict) else arguments
-
-
-def _tool_dicts(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
-    """Tools as OpenAI dicts: LlamaIndex tools are converted, dicts are passed on (the chat layer validates them)."""
-    if not tools:
-        return None
-    converted = []
-    for tool in tools:
-        metadata = getattr(tool, "metadata", None)
-        converted.append(metadata.to_openai_tool(skip_length_check=True) if metadata is not None else tool)
-    return converted
-
-
-# -- responses ----------------------------------------------------------------------------------------------------
-def _assistant_message(content: str, calls: Sequence[ToolCall], invalid: Sequence[InvalidToolCall] = ()) -> ChatMessage:
-    blocks: list[Any] = []
-    if content or not calls:
-        blocks.append(TextBlock(text=content))
-    blocks.extend(ToolCallBlock(tool_call_id=c.id, tool_name=c.name, tool_kwargs=c.arguments) for c in calls)
-    extra: dict[str, Any] = {}
-    if calls:
-        # The OpenAI wire shape (arguments as a JSON string): what LlamaIndex code outside the LLM class inspects
-        # (chat engines' is_function, structured-output programs) and what other function-calling LLMs put here.
-        extra["tool_calls"] = [
-            {**call, "function": {**call["function"], "arguments": json.dumps(call["function"]["arguments"])}}
-            for call in assistant_tool_calls_for_template(calls)
-        ]
-    if invalid:
-        # Kept, never raised: an agent sees no tool call and the caller can inspect what the model wrote.
-        extra["invalid_tool_calls"] = [asdict(call) for call in invalid]
-    return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=extra)
-
-
-def _raw(result: RelayResult) -> dict[str, Any]:
-    """``raw["usage"]`` carries prompt/completion/total tokens under the names TokenCountingHandler reads, so it
-    counts the engine's exact numbers instead of re-tokenizing with its own tokenizer."""
-    return {"usage": result.usage.to_dict(), "finish_reason": result.finish_reason}
-
-
-def _delta_tags(model: str | None, span_index: int) -> dict[str, Any]:
-    return {"relaygen_model": model, "relaygen_span": span_index}
-
-
-def _dispatch_switch(switch: SwitchEvent, span_id: str | None) -> None:
-    # The span id is captured when the call starts: a stream is consumed after the call's span has been exited,
-    # so the active span at consumption time belongs to the consumer, not to this LLM call.
-    dispatcher.event(
-        RelaySwitchEvent(
-            from_model=switch.from_model,
-            to_model=switch.to_model,
-            trigger=switch.trigger,
-            char_offset=switch.char_offset,
-            span_index=switch.span_index,
-            span_id=span_id,
-        )
-    )
-
-
-class _ChatTurn:
-    """Turns one turn's ChatDeltas into ChatResponses (streamed deltas, then the final response)."""
-
-    def __init__(self, span_id: str | None, emit_deltas: bool = True) -> None:
-        self.span_id = span_id
-        self.emit_deltas = emit_deltas
-        self.content = ""
-        self.calls: list[ToolCall] = []
-
-    def on_delta(self, delta: ChatDelta) -> ChatResponse | None:
-        if delta.switch is not None:
-            _dispatch_switch(delta.switch, self.span_id)
-            return None
-        if delta.result is not None:
-            parsed = delta.parsed or ParsedOutput(content=self.content, tool_calls=self.calls)
-            return ChatResponse(
-                message=_assistant_message(parsed.content, parsed.tool_calls, parsed.invalid_tool_calls),
-                delta="" if self.emit_deltas else None,
-                raw=_raw(delta.result),
-                additional_kwargs={"relaygen": delta.result.relay_metadata()},
-            )
-        if isinstance(delta.tool_call, ToolCall):
-            self.calls.append(delta.tool_call)
-            text = ""
-        elif delta.text:
-            self.content += delta.text
-            text = delta.text
-        else:
-            return None  # an invalid tool call: it is reported on the final response
-        if not self.emit_deltas:
-            return None
-        return ChatResponse(
-            message=_assistant_message(self.content, self.calls),
-            delta=text,
-            additional_kwargs=_delta_tags(delta.model, delta.span_index),
-        )
-
-
-class _CompletionTurn:
-    """Turns engine events into CompletionResponses (streamed deltas, then the final response)."""
-
-    def __init__(self, span_id: str | None, emit_deltas: bool = True) -> None:
-        self.span_id = span_id
-        self.emit_deltas = emit_deltas
-        self.text = ""
-
-    def on_event(self, event: StreamEvent) -> CompletionResponse | None:
-        if isinstance(event, SwitchEvent):
-            _dispatch_switch(event, self.span_id)
-            return None
-        if isinstance(event, FinalEvent):
-            result = event.result
-            return CompletionResponse(
-                text=result.text,
-                delta="" if self.emit_deltas else None,
-                raw=_raw(result),
-                additional_kwargs={"relaygen": result.relay_metadata()},
-            )
-        if isinstance(event, TextEvent) and event.text:
-            self.text += event.text
-            if self.emit_deltas:
-                return CompletionResponse(
-                    text=self.text, delta=event.text, additional_kwargs=_delta_tags(event.model, event.span_index)
-                )
-        return None
-
-
-def _last(responses: Iterator[Any]) -> Any:
-    """The final response of a stream that was run only for its result."""
-    tail = deque(responses, maxlen=1)
-    if not tail:
-        raise RuntimeError("generation ended without a result")
-    return tail[0]
 
 
 # -- the LLM ------------------------------------------------------------------------------------------------------

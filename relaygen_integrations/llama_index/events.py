@@ -1,0 +1,141 @@
+"""LlamaIndex responses and instrumentation events from a relay generation's stream.
+
+``RelaySwitchEvent`` is dispatched at every change of writer; ``_ChatTurn`` and ``_CompletionTurn`` turn the chat
+layer's deltas / the engine's events into streamed ChatResponses / CompletionResponses and the final one, whose
+``raw`` carries the engine's exact token usage.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatResponse, CompletionResponse
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.events.base import BaseEvent
+
+from ..chat.relay_chat import ChatDelta
+from ..chat.tool_calls import ParsedOutput, ToolCall
+from ..engine.spans import FinalEvent, RelayResult, StreamEvent, SwitchEvent, TextEvent
+from .messages import _assistant_message
+
+dispatcher = get_dispatcher(__name__)
+
+
+class RelaySwitchEvent(BaseEvent):
+    """The writer of a relay generation changed (large -> small at a cue, small -> large at a sentence end, ...).
+
+    Dispatched with the span id of the LLM call that produced it, so span handlers can attach it to that call.
+    """
+
+    from_model: str
+    to_model: str
+    trigger: str
+    char_offset: int
+    span_index: int
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RelaySwitchEvent"
+
+
+# -- responses ----------------------------------------------------------------------------------------------------
+def _raw(result: RelayResult) -> dict[str, Any]:
+    """``raw["usage"]`` carries prompt/completion/total tokens under the names TokenCountingHandler reads, so it
+    counts the engine's exact numbers instead of re-tokenizing with its own tokenizer."""
+    return {"usage": result.usage.to_dict(), "finish_reason": result.finish_reason}
+
+
+def _delta_tags(model: str | None, span_index: int) -> dict[str, Any]:
+    return {"relaygen_model": model, "relaygen_span": span_index}
+
+
+def _dispatch_switch(switch: SwitchEvent, span_id: str | None) -> None:
+    # The span id is captured when the call starts: a stream is consumed after the call's span has been exited,
+    # so the active span at consumption time belongs to the consumer, not to this LLM call.
+    dispatcher.event(
+        RelaySwitchEvent(
+            from_model=switch.from_model,
+            to_model=switch.to_model,
+            trigger=switch.trigger,
+            char_offset=switch.char_offset,
+            span_index=switch.span_index,
+            span_id=span_id,
+        )
+    )
+
+
+class _ChatTurn:
+    """Turns one turn's ChatDeltas into ChatResponses (streamed deltas, then the final response)."""
+
+    def __init__(self, span_id: str | None, emit_deltas: bool = True) -> None:
+        self.span_id = span_id
+        self.emit_deltas = emit_deltas
+        self.content = ""
+        self.calls: list[ToolCall] = []
+
+    def on_delta(self, delta: ChatDelta) -> ChatResponse | None:
+        if delta.switch is not None:
+            _dispatch_switch(delta.switch, self.span_id)
+            return None
+        if delta.result is not None:
+            parsed = delta.parsed or ParsedOutput(content=self.content, tool_calls=self.calls)
+            return ChatResponse(
+                message=_assistant_message(parsed.content, parsed.tool_calls, parsed.invalid_tool_calls),
+                delta="" if self.emit_deltas else None,
+                raw=_raw(delta.result),
+                additional_kwargs={"relaygen": delta.result.relay_metadata()},
+            )
+        if isinstance(delta.tool_call, ToolCall):
+            self.calls.append(delta.tool_call)
+            text = ""
+        elif delta.text:
+            self.content += delta.text
+            text = delta.text
+        else:
+            return None  # an invalid tool call: it is reported on the final response
+        if not self.emit_deltas:
+            return None
+        return ChatResponse(
+            message=_assistant_message(self.content, self.calls),
+            delta=text,
+            additional_kwargs=_delta_tags(delta.model, delta.span_index),
+        )
+
+
+class _CompletionTurn:
+    """Turns engine events into CompletionResponses (streamed deltas, then the final response)."""
+
+    def __init__(self, span_id: str | None, emit_deltas: bool = True) -> None:
+        self.span_id = span_id
+        self.emit_deltas = emit_deltas
+        self.text = ""
+
+    def on_event(self, event: StreamEvent) -> CompletionResponse | None:
+        if isinstance(event, SwitchEvent):
+            _dispatch_switch(event, self.span_id)
+            return None
+        if isinstance(event, FinalEvent):
+            result = event.result
+            return CompletionResponse(
+                text=result.text,
+                delta="" if self.emit_deltas else None,
+                raw=_raw(result),
+                additional_kwargs={"relaygen": result.relay_metadata()},
+            )
+        if isinstance(event, TextEvent) and event.text:
+            self.text += event.text
+            if self.emit_deltas:
+                return CompletionResponse(
+                    text=self.text, delta=event.text, additional_kwargs=_delta_tags(event.model, event.span_index)
+                )
+        return None
+
+
+def _last(responses: Iterator[Any]) -> Any:
+    """The final response of a stream that was run only for its result."""
+    tail = deque(responses, maxlen=1)
+    if not tail:
+        raise RuntimeError("generation ended without a result")
+    return tail[0]

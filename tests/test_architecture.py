@@ -1,0 +1,111 @@
+"""The package's shape, checked from its source: dependencies point down, no import cycle, files stay small."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "relaygen_integrations"
+NAME = PACKAGE.name
+MAX_LINES = 500
+ABOVE_THE_ENGINE = ("chat", "langchain", "llama_index", "serve", "serve_http", "serve_single", "bench", "cli")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> list[str]:
+    """The package modules an ``from ... import ...`` names (a relative import resolved against ``module``)."""
+    if node.level:
+        package = module.split(".")
+        is_package = (PACKAGE.parent / Path(*package) / "__init__.py").exists()
+        base = package if is_package else package[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join([*base, node.module] if node.module else base)
+    else:
+        target = node.module or ""
+    if not target.startswith(NAME):
+        return []
+    # "from .x import y" may import the submodule x.y itself.
+    return [target] + [f"{target}.{alias.name}" for alias in node.names]
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def imports(path: Path, top_level_only: bool) -> set[str]:
+    """Modules of this package that ``path`` imports (at import time only, or anywhere incl. inside functions)."""
+    module = module_name(path)
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.ImportFrom):
+                found.update(_resolve(module, node))
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names if alias.name.startswith(NAME))
+            elif isinstance(node, ast.If) and _is_type_checking(node):
+                continue  # annotations only: never imported at run time
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+                visit(getattr(node, "finalbody", []))
+            elif not top_level_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(node.body)
+
+    visit(tree.body)
+    return found
+
+
+def graph(top_level_only: bool) -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {
+        name: {m for m in imports(path, top_level_only) if m in modules and m != name} for name, path in modules.items()
+    }
+
+
+def test_no_import_cycle() -> None:
+    edges = graph(top_level_only=False)  # a lazy import inside a function still ties the two modules together
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def walk(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            # A package's own __init__ importing its submodules is not a cycle back into it.
+            if nxt.startswith(node + "."):
+                continue
+            if state.get(nxt) == 1:
+                cycle = [*stack[stack.index(nxt) :], nxt]
+                if not all(later.startswith(cycle[0] + ".") for later in cycle[1:-1]):
+                    raise AssertionError("import cycle: " + " -> ".join(cycle))
+            elif nxt not in state:
+                walk(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            walk(node)
+
+
+def test_the_engine_imports_nothing_above_it() -> None:
+    upward = {f"{NAME}.{name}" for name in ABOVE_THE_ENGINE}
+    for name, targets in graph(top_level_only=False).items():
+        if name.startswith(f"{NAME}.engine"):
+            bad = sorted(t for t in targets if any(t == u or t.startswith(u + ".") for u in upward))
+            assert not bad, f"{name} imports {bad}: the engine must stay framework-free"
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    sizes = {
+        str(p.relative_to(PACKAGE)): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")
+    }
+    assert {f: n for f, n in sizes.items() if n > MAX_LINES} == {}
