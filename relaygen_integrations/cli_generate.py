@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from .engine.settings import MODES
 from .prompts import gsm8k_reference_answer, load_gsm8k, math_messages
 
 
@@ -18,7 +19,7 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cues", default="auto", help="auto | qwen3 | r1 | generic | none | comma list | profile.json")
     parser.add_argument("--dtype", default="auto", help="auto (bf16) | bf16 | fp32")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--mode", default="relay", choices=["relay", "large", "small"])
+    parser.add_argument("--mode", default="relay", choices=list(MODES))
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)

@@ -21,7 +21,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -31,7 +31,7 @@ from .chat.relay_chat import ChatDelta, astream_chat, prepare_chat
 from .chat.tool_calls import ToolCall
 from .engine.engine import RelayEngine
 from .engine.settings import GenerationSettings, merge_settings
-from .engine.spans import RelayResult
+from .engine.spans import Mode, RelayResult
 from .serve_http import LOOPBACK_HOSTS, SSE_DONE, error_kind, error_response, models_response, new_app, run_server, sse
 from .serve_single import create_single_app
 
@@ -61,7 +61,7 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    mode: Literal["relay", "large", "small"] = "relay"
+    mode: Mode = "relay"
 
 
 def _chat_settings(body: ChatCompletionRequest) -> GenerationSettings:

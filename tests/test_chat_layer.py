@@ -133,10 +133,14 @@ def _scripted(tokenizer, reference: str, prefix: str = ""):
 @pytest.mark.parametrize("prefix_choice", [None, "any", "get_weather"])
 def test_stream_chat_yields_tool_calls_with_stable_ids(tokenizer, prefix_choice):
     from relaygen_integrations.chat.relay_chat import prepare_chat, stream_chat
+    from relaygen_integrations.engine.settings import merge_settings
 
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     request = prepare_chat(
-        [{"role": "user", "content": "Solve it."}], [WEATHER], tool_choice=prefix_choice, max_new_tokens=80
+        [{"role": "user", "content": "Solve it."}],
+        merge_settings({"max_new_tokens": 80}),
+        [WEATHER],
+        tool_choice=prefix_choice,
     )
     engine, _ = _scripted(
         tokenizer, "Checking. " + call if request.prefix is None else call[len(request.prefix) :], request.prefix or ""

@@ -8,9 +8,11 @@ settings travel with each request as the layer :meth:`RelayModelFields.settings_
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import AliasChoices, BaseModel, Field, PrivateAttr
+
+from ..engine.spans import Mode
 
 if TYPE_CHECKING:
     from ..engine.engine import RelayEngine
@@ -45,9 +47,7 @@ class RelayModelFields(BaseModel):
         validation_alias=AliasChoices("stop", "stop_sequences"),
         description="Stop strings (they hold across a switch too).",
     )
-    mode: Literal["relay", "large", "small"] = Field(
-        default="relay", description="'relay', or one model alone through the same loop (baselines)."
-    )
+    mode: Mode = Field(default="relay", description="'relay', or one model alone through the same loop (baselines).")
     speculative: bool | int = Field(
         default=False,
         description="The small model drafts for the large model's tokens (same greedy output); an int bounds the "

@@ -121,7 +121,10 @@ def merge_settings(*layers: GenerationSettings | Mapping[str, Any] | None) -> Ge
     for layer in layers:
         if layer is None:
             continue
-        items = layer.model_dump(exclude_unset=True) if isinstance(layer, GenerationSettings) else layer
+        # A settings object contributes what was set on it (attributes as they are: no dump of a CueSet to a dict).
+        items = (
+            {k: getattr(layer, k) for k in layer.model_fields_set} if isinstance(layer, GenerationSettings) else layer
+        )
         if not isinstance(items, Mapping):
             raise SettingsError(f"generation settings must be a mapping of names to values, got {type(items).__name__}")
         for key, value in items.items():
