@@ -12,7 +12,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bench", help="benchmark relay against large/small/reprompt/hf-large/assisted")
     parser.add_argument("--data", type=Path, default=None, help="GSM8K jsonl (default: the five shipped problems)")
     parser.add_argument("--n", type=int, default=20, help="number of problems")
-    parser.add_argument("--modes", default="large,small,relay,reprompt,hf-large,assisted")
+    parser.add_argument(
+        "--modes",
+        default="large,small,relay,reprompt,hf-large,assisted",
+        help="comma-separated: large, small, relay, reprompt, relay-spec, large-spec, hf-large, assisted; a cue set as"
+        " relay@<cues> / reprompt@<cues>; verified relay as relay+verify@<rule> / relay-spec+verify@<rule>, the rule"
+        " greedy, prob:TAU or ratio:TAU, optionally +answer (e.g. relay+verify@prob:0.05)",
+    )
     parser.add_argument("--large", default="demo")
     parser.add_argument("--small", default="demo")
     parser.add_argument("--cues", default="auto")

@@ -35,6 +35,13 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="the small model drafts for the large model's tokens (lossless); optional maximum draft length K",
     )
+    parser.add_argument(
+        "--verify",
+        default=None,
+        metavar="RULE",
+        help="verified relay: the large model checks the small model's tokens and rewrites from the first it rejects "
+        "(greedy | prob:TAU | ratio:TAU, optionally +answer; default off)",
+    )
     parser.add_argument("--json", action="store_true", help="print {text, spans, usage, finish_reason} as JSON")
 
 
@@ -74,7 +81,7 @@ def _run(args: argparse.Namespace, messages: list[dict[str, str]], console: Cons
         {
             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
             "top_k": args.top_k, "seed": args.seed, "stop": args.stop, "mode": args.mode,
-            "speculative": args.speculative, "cues": _cues_arg(args.cues),
+            "speculative": args.speculative, "cues": _cues_arg(args.cues), "verify": args.verify,
         }
     )  # fmt: skip
     if args.json:

@@ -62,6 +62,7 @@ class ChatCompletionRequest(BaseModel):
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     mode: Mode = "relay"
+    verify: str | None = None  # relaygen extension: verified relay ("greedy", "prob:0.05", ...), local engines only
 
 
 def _chat_settings(body: ChatCompletionRequest) -> GenerationSettings:
@@ -73,7 +74,7 @@ def _chat_settings(body: ChatCompletionRequest) -> GenerationSettings:
     settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
     if body.top_k is not None and body.top_k > 0:  # vLLM's "-1 = off" convention
         settings["top_k"] = body.top_k
-    return merge_settings(settings, {"mode": body.mode, "stop": body.stop or None})
+    return merge_settings(settings, {"mode": body.mode, "stop": body.stop or None, "verify": body.verify})
 
 
 def _tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:

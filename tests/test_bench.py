@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import asdict
 
 import pytest
 from helpers import chat_engine
@@ -12,6 +14,9 @@ from relaygen_integrations.bench import (
     Run,
     answers_match,
     extract_answer,
+    is_relay_mode,
+    load_completed_runs,
+    make_modes,
     render_markdown,
     rerender,
     run_benchmark,
@@ -40,8 +45,18 @@ def test_answers_match_numerically():
     assert not answers_match(None, "3") and not answers_match("2", "3")
 
 
-def run(mode: str, seconds: float, tokens: int, small: int = 0, correct: bool = True) -> Run:
-    return Run(0, mode, seconds, tokens, "stop", "", "1", "1", correct, small_tokens=small, switches=2 if small else 0)
+def run(
+    mode: str, seconds: float, tokens: int, small: int = 0, correct: bool = True, problem: int = 0, rejected: int = 0
+) -> Run:
+    return Run(problem, mode, seconds, tokens, "stop", "", "1", "1", correct, small_tokens=small,
+               switches=2 if small else 0, rejected_tokens=rejected)  # fmt: skip
+
+
+MACHINE = {"cpu": "x", "cores": 2, "threads": 2, "torch": "t", "dtype": "bf16", "device": "cpu"}
+
+
+def markdown(summary: dict) -> str:
+    return render_markdown({"config": BenchConfig().model_dump(mode="json"), "summary": summary, "machine": MACHINE})
 
 
 def test_summary_computes_ideal_and_measured_speedups():
@@ -119,6 +134,86 @@ def test_modes_compare_cue_sets_in_one_run(tmp_path, tokenizer):
     assert summary["relay@none"]["switches_per_problem"] == 0 < summary["relay"]["switches_per_problem"]
     with pytest.raises(ValueError, match="relay@nonsense"):
         run_benchmark(BenchConfig(n=1, modes=["relay@nonsense"], out=tmp_path), engine=engine)
+
+
+def test_summary_of_a_verify_mode_counts_the_rejected_share():
+    verify = "relay+verify@prob:0.05"
+    runs = [
+        run("large", 10.0, 100),
+        run("large", 10.0, 100, problem=1),
+        run("small", 4.0, 100),
+        run("relay", 8.0, 100, small=30),
+        run("relay", 8.0, 100, small=30, problem=1),
+        run(verify, 9.0, 100, small=30, rejected=10),
+        run(verify, 9.0, 100, small=10, rejected=30, problem=1),
+    ]
+    summary = summarize(runs, ["large", "small", "relay", verify])
+    entry = summary[verify]
+    assert entry["rejected_share"] == pytest.approx(40 / 80)  # dropped / (dropped + kept) over both problems
+    assert entry["rejected_per_problem"] == pytest.approx(20.0)
+    assert entry["small_share"] == pytest.approx(40 / 200)  # a relay mode: it gets the relay columns too
+    assert entry["measured_speedup"] == pytest.approx(10 / 9) and "efficiency" in entry
+    assert "rejected_share" not in summary["relay"] and "rejected_share" not in summary["large"]
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in markdown(summary).splitlines() if "×" in line}
+    assert rows[verify].endswith(" | 50% |") and rows["relay"].endswith(" | – |") and rows["large"].endswith(" | – |")
+    assert "| mode | accuracy |" in markdown(summary) and " | drafts accepted | rejected |" in markdown(summary)
+
+
+def test_paired_view_against_large():
+    large = [run("large", 1.0, 10, correct=c, problem=p) for p, c in enumerate([True, True, True, False, False])]
+    # relay ran problems 0, 1, 3, 4 (not 2): both solve 0, only large solves 1, only relay solves 3, neither 4.
+    relay = [run("relay", 1.0, 10, small=3, correct=c, problem=p) for p, c in [(0, True), (1, False), (3, True),
+                                                                              (4, False)]]  # fmt: skip
+    summary = summarize(large + relay, ["large", "relay"])
+    entry = summary["relay"]
+    assert (entry["paired"], entry["both"], entry["only_large"], entry["only_mode"]) == (4, 1, [1], [3])
+    assert (summary["large"]["only_large"], summary["large"]["only_mode"], summary["large"]["both"]) == ([], [], 3)
+    report = markdown(summary)
+    assert "| mode | problems | both solve | only large | only mode |" in report
+    assert "| relay | 4 | 1 | 1 (#2) | 1 (#4) |" in report  # numbered from 1, as in the traces page
+    assert "| large | 5 |" not in report
+    # Without the large model there is nothing to pair with.
+    alone = summarize(relay, ["relay"])
+    assert "only_large" not in alone["relay"] and "Paired against large" not in markdown(alone)
+
+
+def test_verify_modes_are_parsed_and_checked_up_front(tmp_path, tokenizer):
+    engine = chat_engine(tokenizer, "We add them. So the total is 18. Thus \\boxed{18}.", cues=["So "])
+    names = ["relay+verify@greedy", "relay-spec+verify@ratio:0.1+answer", "relay@none"]
+    assert sorted(make_modes(engine, BenchConfig(modes=names))) == sorted(names)
+    assert all(is_relay_mode(name) for name in names) and not is_relay_mode("large-spec+verify@greedy")
+    for bad in ("relay+verify@nonsense", "relay+verify@prob:2", "relay-spec+verify@greedy+draft"):
+        with pytest.raises(ValueError, match=re.escape(f"benchmark mode {bad!r}")):
+            run_benchmark(BenchConfig(n=1, modes=["large", bad], out=tmp_path), engine=engine)
+    assert not (tmp_path / "results.json").exists()  # rejected before any problem ran
+    with pytest.raises(ValueError, match="unknown benchmark modes"):
+        run_benchmark(BenchConfig(n=1, modes=["reprompt+verify@greedy"], out=tmp_path), engine=engine)
+    # The small model writes upper case, so the greedy rule rejects each of its segments whole: relay+verify writes
+    # the large model's text, and the run records what was dropped.
+    config = BenchConfig(n=1, modes=["large", "relay", "relay+verify@greedy"], max_new_tokens=60, out=tmp_path)
+    report = run_benchmark(config, engine=engine)
+    runs = {r["mode"]: r for r in report["runs"]}
+    assert runs["relay+verify@greedy"]["text"] == runs["large"]["text"] != runs["relay"]["text"]
+    assert runs["relay+verify@greedy"]["rejected_tokens"] > 0 and runs["relay"]["rejected_tokens"] == 0
+    entry = report["summary"]["relay+verify@greedy"]
+    assert entry["rejected_share"] == 1.0 and entry["small_share"] == 0 and "only_large" in entry
+
+
+def test_results_saved_before_verification_still_summarize(tmp_path):
+    config = BenchConfig(n=2, modes=["large", "relay"], out=tmp_path)
+    runs = [run("large", 10.0, 100, problem=p, correct=p == 0) for p in (0, 1)]
+    runs += [run("relay", 8.0, 100, small=30, problem=p, correct=p == 1) for p in (0, 1)]
+    saved = [asdict(r) for r in runs]
+    for entry in saved:
+        del entry["verified_tokens"], entry["rejected_tokens"]
+    results = {"config": config.model_dump(mode="json"), "machine": MACHINE, "runs": saved, "summary": {}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    summary = rerender(tmp_path)["summary"]
+    assert summary["relay"]["small_share"] == pytest.approx(0.3) and "rejected_share" not in summary["relay"]
+    assert (summary["relay"]["only_large"], summary["relay"]["only_mode"]) == ([0], [1])
+    assert "| relay | 2 | 0 | 1 (#1) | 1 (#2) |" in (tmp_path / "report.md").read_text()
+    resumed, modes = load_completed_runs(config.model_copy(update={"resume": True}))
+    assert modes == ["large", "relay"] and [(r.verified_tokens, r.rejected_tokens) for r in resumed] == [(0, 0)] * 4
 
 
 @pytest.mark.real_pair

@@ -54,6 +54,12 @@ class RelayModelFields(BaseModel):
         "adaptive draft length.",
     )
 
+    verify: str | None = Field(
+        default=None,
+        description="Verified relay: the large model checks the small model's tokens in its catch-up pass and rewrites "
+        "from the first it rejects - 'greedy', 'prob:TAU', 'ratio:TAU' ('+answer' also checks the answer); None = off.",
+    )
+
     _engine: RelayEngine | None = PrivateAttr(default=None)
 
     def settings_layer(self) -> dict[str, Any]:
@@ -70,6 +76,8 @@ class RelayModelFields(BaseModel):
         }
         if self.cues is not None:
             layer["cues"] = self.cues
+        if self.verify is not None:
+            layer["verify"] = self.verify
         return layer
 
     def load_engine(self) -> RelayEngine:

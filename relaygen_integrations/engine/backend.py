@@ -44,6 +44,12 @@ class GenerationSession(Protocol):
         own (the model's end, nothing more to write) the session calls ``transcript.end``."""
         ...
 
+    def verify(self) -> None:
+        """Verified relay: check ``transcript.pending_run()`` with the large model; accept it
+        (``transcript.accept_run``) or cut at the first rejected token (``transcript.reject_from``), after which the
+        large model writes. Only called when the plan asks for verification, which ``Backend.check`` may refuse."""
+        ...
+
     def after_feed(self, fed: Fed) -> None:
         """Called after each batch went through the transcript (e.g. crop caches, close a request on a switch)."""
         ...

@@ -53,6 +53,12 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = state.prefix_offset, state.read_offset
         self.text = self.text[: state.text_len]
 
+    def truncate(self, length: int, state: DetokenizerState) -> None:
+        """Keeps the first ``length`` tokens, restoring ``state``: the snapshot taken just before token ``length``."""
+        del self.ids[length:]
+        self.prefix_offset, self.read_offset = state.prefix_offset, state.read_offset
+        self.text = self.text[: state.text_len]
+
     def flush(self) -> str:
         """Releases text held back at the end (an unfinished character decodes to U+FFFD, as decode() does)."""
         full = self._decode(self.ids[self.prefix_offset :])

@@ -294,8 +294,9 @@ class RelayEngine:
         with self._lock if self.backend.serialized else contextlib.nullcontext():
             policy = RelayPolicy(plan.cues, self.policy_config, plan.mode)
             transcript = Transcript(
-                self.tokenizer, plan.prompt_ids, policy, plan.stop, self.eos_ids, plan.max_new_tokens
-            )
+                self.tokenizer, plan.prompt_ids, policy, plan.stop, self.eos_ids, plan.max_new_tokens,
+                plan.settings.verify,
+            )  # fmt: skip
             yield from drive(transcript, self.backend.open(plan, transcript), cancel)
 
     def stream_ids(

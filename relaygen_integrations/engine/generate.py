@@ -35,14 +35,23 @@ def drive(
     """Runs one generation to its end; yields TextEvent/SwitchEvent as text becomes final, then one FinalEvent.
     Closing the iterator early stops after the current round, with the backend's state consistent."""
     try:
-        while not transcript.finished:
-            if cancel is not None and cancel.is_set():
-                transcript.end("cancelled")
+        while True:
+            while not transcript.finished:
+                if cancel is not None and cancel.is_set():
+                    transcript.end("cancelled")
+                    break
+                if transcript.verification_due:
+                    session.verify()  # verified relay: a finished small run is checked before anyone writes on
+                    continue
+                writer = transcript.policy.writer
+                tokens = session.next_tokens(writer)
+                fed = yield from transcript.feed(tokens, writer)
+                session.after_feed(fed)
+            if transcript.finish_reason == "cancelled" or not transcript.verification_pending:
                 break
-            writer = transcript.policy.writer
-            tokens = session.next_tokens(writer)
-            fed = yield from transcript.feed(tokens, writer)
-            session.after_feed(fed)
+            session.verify()  # the end came inside a small run: a rejection reopens the generation
+            if transcript.finished:
+                break
     except BaseException as exc:
         session.close(failed=not isinstance(exc, GeneratorExit))
         raise
@@ -82,13 +91,38 @@ class LocalSession:
         self.sampler = sampler
         self.reprefill_segments = reprefill_segments
         self.speculation = speculation
+        self.pending: int | None = None
         prompt_ids = transcript.ids[: transcript.prompt_len]
         for role, runner in runners.items():
             runner.begin_request(
                 prompt_ids, reuse_prefix, lambda start, end, role=role: transcript.account_forward(role, start, end)
             )
 
+    def verify(self) -> None:
+        """Scores the pending small-model run with the large model in one pass (its catch-up pass when the large
+        model writes next) and cuts the transcript at the first token the rule rejects. The large model's own token
+        at that position, sampled from the same row, is what it writes next."""
+        transcript, large = self.transcript, self.runners["large"]
+        rule = transcript.verify
+        assert rule is not None
+        start, end = transcript.pending_run()
+        first = transcript.prompt_len + start
+        ids = transcript.ids
+        rows = large.score(ids, first)  # rows[j] predicts ids[first + j]; the last row follows the whole sequence
+        rejected = rule.first_rejected(rows[: end - start], ids[first : transcript.prompt_len + end])
+        if rejected is None:
+            transcript.accept_run()
+            return
+        row = rows[rejected]
+        transcript.reject_from(start + rejected)
+        for runner in self.runners.values():
+            runner.sync_to(transcript.ids)  # both caches back to the kept sequence
+        self.pending = self.sampler(row, transcript.ids)
+
     def next_tokens(self, writer: ModelRole) -> list[int]:
+        if self.pending is not None:
+            token, self.pending = self.pending, None  # the large model's choice where it rejected the small one
+            return [token]
         ids = self.transcript.ids
         if self.speculation is not None and writer == "large":
             # Draft-and-verify: several tokens, each the large model's own choice; whatever follows a switch is

@@ -94,13 +94,14 @@ class RelayPolicy:
         # Look-ahead bookkeeping: the char range of a cue word, or the offset right after a ".", awaiting one token.
         self._pending_cue: tuple[int, int] | None = None
         self._pending_period: int | None = None
+        self._answer_writer: ModelRole = self.config.answer_model
 
     @property
     def writer(self) -> ModelRole:
         if self.mode != "relay":
             return self.mode
         if self.state == "answer":
-            return self.config.answer_model
+            return self._answer_writer
         return "large" if self.state == "large" else "small"
 
     # -- the one entry point --------------------------------------------------------------------------------------
@@ -115,6 +116,16 @@ class RelayPolicy:
         if self.state == "large":
             return self._observe_large(text, delta, prev_len)
         return self._observe_small(text, delta, prev_len)
+
+    def resume_large(self, start: int) -> None:
+        """Verified relay: the large model rejected a small-model token and writes from ``start`` (the text has been
+        cut there). In the reasoning it starts a fresh large segment (cues fire again after ``min_large_tokens``); in
+        the answer stage it writes the rest of the answer."""
+        if self.state == "answer":
+            self._answer_writer = "large"
+            self.segment_start, self.segment_tokens = start, 0
+        else:
+            self._begin_segment("large", start)
 
     # -- transitions ----------------------------------------------------------------------------------------------
     def _begin_segment(self, state: PolicyState, start: int) -> None:

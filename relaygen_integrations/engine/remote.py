@@ -130,6 +130,9 @@ class RemoteSession:
         if fed.decision.action != "continue" and self.stream is not None:
             self._close_request()  # the rest of this request was written for the previous writer
 
+    def verify(self) -> None:
+        raise BackendCapabilityError("remote", "verify the small model's tokens", "refused when the plan was checked")
+
     def close(self, failed: bool) -> None:
         if self.stream is not None:
             self._close_request()
@@ -287,6 +290,13 @@ class RemoteBackend:
         if plan.speculative:
             raise BackendCapabilityError(
                 self.kind, "run speculative decoding", "it needs both models' logits in one process"
+            )
+        if plan.settings.verify is not None and plan.mode == "relay":
+            raise BackendCapabilityError(
+                self.kind,
+                "verify the small model's tokens (verify=...)",
+                "it needs the large model's probability of every token of a small segment, and this backend does not "
+                "ask the servers to score prompts (vLLM's prompt_logprobs could) - verify with local models",
             )
 
     def open(self, plan: GenerationPlan, transcript: Transcript) -> RemoteSession:

@@ -112,6 +112,18 @@ class ModelRunner:
         self.last_logits = logits[-1]
         return logits
 
+    def score(self, ids: list[int], start: int) -> torch.Tensor:
+        """Verified relay: one forward pass that returns this model's logits at every position predicting
+        ``ids[start:]`` plus the row after the whole sequence - ``len(ids) - start + 1`` rows (2-D). Forwards only
+        what the cache lacks from position ``start - 1`` on; the extra rows cost only the output projection."""
+        self.sync_to(ids[:start])  # the pass must include position start - 1, whose output predicts ids[start]
+        seen = len(self.cached_ids)
+        self._account(seen, len(ids))
+        keep = len(ids) - start + 1
+        rows = forward_tokens(self, ids[seen:], keep=keep).reshape(keep, -1)
+        self.last_logits = rows[-1]
+        return rows
+
     def sync_to(self, ids: list[int]) -> None:
         """Crops the cache to its longest prefix shared with ``ids`` — dropping rejected or discarded draft tokens —
         and at most ``len(ids) - 1`` tokens, so the next call has a token to forward and fresh logits."""

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .cues import CueSet
 from .spans import Mode
+from .verify import VerifyRule, parse_verify
 
 MODES: tuple[Mode, ...] = ("relay", "large", "small")
 MAX_DRAFT_LIMIT = 64
@@ -72,6 +73,14 @@ class GenerationSettings(BaseModel):
     """Self-speculative decoding: True / False, or a maximum draft length; None = the engine's default."""
     reprefill_segments: bool = False
     """Baseline only: every segment re-reads the whole sequence, as RelayGen's original serving did."""
+    verify: VerifyRule | None = None
+    """Verified relay: the large model checks the small model's tokens in its catch-up pass (``engine/verify.py``);
+    a spec string ("greedy", "prob:0.05", "ratio:0.1", "+answer" to check the answer too) or None / "off"."""
+
+    @field_validator("verify", mode="before")
+    @classmethod
+    def _verify_rule(cls, value: Any) -> VerifyRule | None:
+        return parse_verify(value)
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -19,7 +19,8 @@ class Span:
     """A run of consecutive completion tokens written by one model.
 
     ``start``/``end`` are character offsets into ``RelayResult.text``; ``trigger`` says why this span began:
-    ``"start"``, ``"cue:<cue>"``, ``"sentence_end"``, ``"reasoning_end"`` or ``"cap"``.
+    ``"start"``, ``"cue:<cue>"``, ``"sentence_end"``, ``"reasoning_end"``, ``"cap"``, or ``"rejected"`` (verified
+    relay: the large model rejected a small-model token and writes from there).
     """
 
     model: ModelRole
@@ -54,6 +55,10 @@ class Usage:
     small_catchup_tokens: int = 0
     reused_prefix_tokens: int = 0
     rolled_back_tokens: int = 0
+    # Verified relay (0 when off): small-model tokens the large model checked, and those it rejected (each rejected
+    # token and everything after it in its segment was dropped and rewritten by the large model).
+    verified_tokens: int = 0
+    rejected_tokens: int = 0
     # Self-speculative decoding of the large model's segments (0 when off): verify passes, tokens the small model
     # proposed, and how many of them the large model accepted.
     speculative_rounds: int = 0

@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
-from .detokenize import IncrementalDetokenizer
+from .detokenize import DetokenizerState, IncrementalDetokenizer
 from .policy import CONTINUE, Decision, RelayPolicy
 from .spans import FinalEvent, FinishReason, ModelRole, RelayResult, Span, StreamEvent, SwitchEvent, TextEvent, Usage
+from .verify import VerifyRule
 
 
 @dataclass
@@ -121,6 +122,7 @@ class Transcript:
         stop: Sequence[str] = (),
         eos_ids: frozenset[int] = frozenset(),
         max_new_tokens: int | None = None,
+        verify: VerifyRule | None = None,
     ) -> None:
         self.started = time.perf_counter()
         self.policy = policy
@@ -138,6 +140,14 @@ class Transcript:
         self.max_new_tokens = max_new_tokens
         self.finish_reason: FinishReason | None = None  # set once the generation has ended
         self.forwarded: dict[ModelRole, ForwardCounts] = {"large": ForwardCounts(), "small": ForwardCounts()}
+        # Verified relay: the small model's tokens [run_start, run_end) await the large model's check; their text is
+        # held back from the stream until then (run_end is None while the small model is still writing the run).
+        self.verify = verify if policy.mode == "relay" else None
+        self.run_start: int | None = None
+        self.run_end: int | None = None
+        self.detok_states: list[DetokenizerState] = []  # the detokenizer before each kept token, to cut back to
+        self.verified = 0
+        self.rejected = 0
 
     @property
     def completion_tokens(self) -> int:
@@ -153,6 +163,67 @@ class Transcript:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def verification_due(self) -> bool:
+        """A finished run of small-model tokens awaits the large model's check (before anyone writes on)."""
+        return self.run_start is not None and self.run_end is not None
+
+    @property
+    def verification_pending(self) -> bool:
+        return self.run_start is not None
+
+    def pending_run(self) -> tuple[int, int]:
+        """The completion-token range awaiting verification; at the end of the generation only the tokens the
+        result keeps (those whose text starts before a stop sequence)."""
+        assert self.run_start is not None
+        end = self.run_end if self.run_end is not None else len(self.owners)
+        if self.stop_at is not None:
+            end = min(end, self._tokens_before(self.stop_at))
+        return self.run_start, max(self.run_start, end)
+
+    def accept_run(self) -> None:
+        start, end = self.pending_run()
+        self.verified += end - start
+        self.run_start = self.run_end = None
+
+    def reject_from(self, cut: int) -> None:
+        """Verified relay: the large model rejected completion token ``cut``. It and everything after it are dropped
+        (ids, owners, text, spans, stop state) and the large model writes from there; the generation is open again."""
+        start, _end = self.pending_run()
+        self.verified += cut - start
+        self.rejected += len(self.owners) - cut
+        state = self.detok_states[cut]
+        del self.ids[self.prompt_len + cut :]
+        del self.owners[cut:], self.token_ends[cut:], self.detok_states[cut:]
+        self.detok.truncate(cut, state)
+        while len(self.segments) > 1 and self.segments[-1].token_start >= cut:
+            self.segments.pop()
+        now = time.perf_counter()
+        if self.segments[-1].model == "large":  # the whole small segment went: the large span before it goes on
+            self.segments[-1].closed = None
+        else:
+            self.segments[-1].closed = now
+            self.segments.append(Segment("large", "rejected", cut, len(self.detok.text), now))
+        self.policy.resume_large(len(self.detok.text))
+        self.run_start = self.run_end = None
+        self.stop_at = None
+        self.finish_reason = None
+
+    def _tokens_before(self, char: int) -> int:
+        """How many kept tokens have text that starts before character ``char``."""
+        return sum(1 for j in range(len(self.token_ends)) if (self.token_ends[j - 1] if j else 0) < char)
+
+    def _track_run(self) -> None:
+        """After a switch: a run of small-model tokens to verify opens when the small model starts a sentence (or the
+        answer, with ``+answer``) and closes when it hands over."""
+        assert self.verify is not None
+        state, writer = self.policy.state, self.policy.writer
+        checked = writer == "small" and (state == "small_sentence" or (state == "answer" and self.verify.answer))
+        if checked and self.run_start is None:
+            self.run_start, self.run_end = len(self.owners), None
+        elif not checked and self.run_start is not None and self.run_end is None:
+            self.run_end = len(self.owners)
 
     def end(self, reason: FinishReason) -> None:
         """Ends the generation (a backend's own reason: the model ended, cancelled, nothing more to write)."""
@@ -201,9 +272,11 @@ class Transcript:
         applied when this returns (the token is gone again); a stop sequence shows as ``stop_at``."""
         before = self.detok.snapshot()
         delta = self.detok.push(token)
+        self.detok_states.append(before)
         self.ids.append(token)
         self.owners.append(writer)
         self.token_ends.append(len(self.detok.text))
+        state = self.policy.state
         decision = self.policy.observe(self.detok.text, delta)
         if decision.action == "rollback":
             # The look-ahead token belongs to the next writer's segment: it is dropped, and the next writer continues
@@ -211,6 +284,7 @@ class Transcript:
             self.ids.pop()
             self.owners.pop()
             self.token_ends.pop()
+            self.detok_states.pop()
             self.detok.pop(before)
             self.rolled_back += 1
         if decision.action != "continue":
@@ -219,14 +293,20 @@ class Transcript:
             self.segments.append(
                 Segment(decision.to_model, decision.trigger, len(self.owners), len(self.detok.text), now)  # type: ignore[arg-type]
             )
+        if self.verify is not None and (decision.action != "continue" or self.policy.state != state):
+            self._track_run()  # a state change without a new writer too: the small model going on into the answer
         if self.stop and decision.action != "rollback":
             self.stop_at = find_stop(self.detok.text, len(self.detok.text) - len(delta), self.stop)
         return decision
 
     def release(self) -> Iterator[StreamEvent]:
-        """Events for the text that is final now (a tail that could still become a stop sequence is held back)."""
+        """Events for the text that is final now (a tail that could still become a stop sequence is held back, and so
+        is small-model text the large model has not verified yet)."""
         text = self.detok.text
-        yield from self.emitter.release(text, len(text) - (stop_holdback(text, self.stop) if self.stop else 0))
+        limit = len(text) - (stop_holdback(text, self.stop) if self.stop else 0)
+        if self.run_start is not None:
+            limit = min(limit, self.token_ends[self.run_start - 1] if self.run_start else 0)
+        yield from self.emitter.release(text, limit)
 
     def finish(self, backend_usage: BackendUsage | None = None) -> Iterator[StreamEvent]:
         """The remaining text events and the FinalEvent. ``backend_usage``: the Usage fields only the backend knows
@@ -239,7 +319,7 @@ class Transcript:
         if self.stop_at is not None:
             # Keep the tokens whose text starts before the stop sequence; drop spans that would start inside it.
             stop_at = self.stop_at
-            kept = sum(1 for j in range(len(self.token_ends)) if (self.token_ends[j - 1] if j else 0) < stop_at)
+            kept = self._tokens_before(stop_at)
             while len(self.segments) > 1 and self.segments[-1].char_start >= stop_at:
                 self.segments.pop()
         ended = self.segments[-1].closed = time.perf_counter()
@@ -252,6 +332,8 @@ class Transcript:
             small_tokens=sum(1 for o in self.owners[:kept] if o == "small"),
             switches=len(spans) - 1,
             rolled_back_tokens=self.rolled_back,
+            verified_tokens=self.verified,
+            rejected_tokens=self.rejected,
             large_prefill_tokens=self.forwarded["large"].prefill,
             small_prefill_tokens=self.forwarded["small"].prefill,
             large_catchup_tokens=self.forwarded["large"].catchup,

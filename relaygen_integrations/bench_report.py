@@ -1,0 +1,154 @@
+"""Benchmark outputs: ``results.json`` (every run), ``report.md`` (tables + machine), ``speed_accuracy.png`` and
+``traces.html`` (relay answers coloured by model, trigger and tokens on hover)."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from .bench_summary import is_relay_mode
+from .prompts import MATH_SYSTEM_PROMPT
+
+
+def write_outputs(report: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    (out / "report.md").write_text(render_markdown(report))
+    (out / "traces.html").write_text(render_traces(report))
+    plot_speed_accuracy(report, out / "speed_accuracy.png")
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    config, machine, summary = report["config"], report["machine"], report["summary"]
+    lines = [
+        f"# Benchmark: {config['large']} + {config['small']} on GSM8K ({summary[next(iter(summary))]['n']} problems)",
+        "",
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['threads']} torch threads, torch "
+        f"{machine['torch']}, {machine['dtype']} on {machine['device']}. "
+        f"{'Greedy' if not config['temperature'] else 'T=' + str(config['temperature'])}, "
+        f"max {config['max_new_tokens']}"
+        f' new tokens, cues `{config["cues"]}`. System prompt: "{MATH_SYSTEM_PROMPT}"',
+        "",
+        "| mode | accuracy | mean s | median s | mean tokens | tok/s | speed-up vs large | median speed-up | cap hits"
+        " | f | switches | ideal | efficiency | drafts accepted | rejected |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, s in summary.items():
+        cells = [
+            mode, f"{s['accuracy']:.0%}", f"{s['mean_s']:.1f}", f"{s['median_s']:.1f}", f"{s['mean_tokens']:.0f}",
+            f"{s['tok_per_s']:.2f}", f"{s.get('speedup_vs_large', 0):.2f}×",
+            f"{s.get('median_speedup_vs_large', 0):.2f}×", str(s["cap_hits"]),
+        ]  # fmt: skip
+        cells += [f"{s['small_share']:.2f}", f"{s['switches_per_problem']:.1f}"] if "small_share" in s else ["", ""]
+        cells += [f"{s['ideal_speedup']:.2f}×", f"{s['efficiency']:.2f}"] if "ideal_speedup" in s else ["", ""]
+        if "acceptance_rate" in s:
+            cells.append(f"{s['acceptance_rate']:.0%} (mean k {s['mean_draft_length']:.1f})")
+        else:
+            cells.append("")
+        cells.append(f"{s['rejected_share']:.0%}" if "rejected_share" in s else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    if any("rejected_share" in s for s in summary.values()):
+        lines += [
+            "",
+            "rejected (verified relay): the small model's tokens that verification dropped (each rejected token and"
+            " the rest of its segment, rewritten by the large model), as a share of all it wrote (dropped + kept).",
+        ]
+    if "relay" in summary and "r" in summary["relay"]:
+        lines += ["", f"r (small/large cost per token, measured in this run) = {summary['relay']['r']:.3f}; "
+                  "ideal speed-up = 1/((1−f)+f·r); speed-ups compare seconds per token."]  # fmt: skip
+    split = {mode: s for mode, s in summary.items() if "large_forward_ms_per_token" in s}
+    if split:
+        lines += [
+            "",
+            "Where the time goes, per generated token (ms): inside the large model's forward passes, inside the small"
+            " model's, and the rest (sampling, detokenizing, policy, Python). Speculative modes: cost of one verify"
+            " pass, of one small-model token (drafted, or written in its own segment), and large-model tokens gained"
+            " per verify pass.",
+            "",
+            "| mode | large fwd | small fwd | other | total | ms per verify pass | ms per small-model token"
+            " | large tokens per verify pass |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for mode, s in split.items():
+            total = s["large_forward_ms_per_token"] + s["small_forward_ms_per_token"] + s["other_ms_per_token"]
+            cells = [mode, f"{s['large_forward_ms_per_token']:.0f}", f"{s['small_forward_ms_per_token']:.0f}",
+                     f"{s['other_ms_per_token']:.0f}", f"{total:.0f}"]  # fmt: skip
+            if "ms_per_verify_pass" in s:
+                cells += [f"{s['ms_per_verify_pass']:.0f}", f"{s['ms_per_small_token']:.0f}",
+                          f"{s['tokens_per_verify_pass']:.2f}"]  # fmt: skip
+            else:
+                cells += ["", "", ""]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += render_paired(summary)
+    lines += ["", "![speed vs accuracy](speed_accuracy.png)", ""]
+    return "\n".join(lines)
+
+
+def render_paired(summary: dict[str, Any]) -> list[str]:
+    """The "Paired against large" table: on the problems both ran, which each solved (problems numbered from 1, as in
+    the traces page)."""
+    rows = {mode: s for mode, s in summary.items() if mode != "large" and "only_large" in s}
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Paired against large, on the problems both ran (problem numbers as in traces.html):",
+        "",
+        "| mode | problems | both solve | only large | only mode |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, s in rows.items():
+        only = [
+            f"{len(s[k])} ({', '.join(f'#{p + 1}' for p in s[k])})" if s[k] else "0"
+            for k in ("only_large", "only_mode")
+        ]
+        lines.append(f"| {mode} | {s['paired']} | {s['both']} | {only[0]} | {only[1]} |")
+    return lines
+
+
+def render_traces(report: dict[str, Any]) -> str:
+    parts = [
+        "<!doctype html><meta charset='utf-8'><title>relay traces</title>",
+        "<style>body{font:14px/1.5 system-ui;max-width:60em;margin:2em auto}pre{white-space:pre-wrap}"
+        "span.large{color:#1f6feb}span.small{color:#c026d3;background:#fdf4ff}</style>",
+        "<h1>Relay traces</h1><p><span class='large'>large model</span> · <span class='small'>small model</span>"
+        " — hover a span for its trigger and token count.</p>",
+    ]
+    for run in report["runs"]:
+        if not is_relay_mode(run["mode"]):
+            continue
+        verdict = "✓" if run["correct"] else "✗"
+        heading = (
+            f"#{run['problem'] + 1} {run['mode']} {verdict} (pred {run['predicted']}, ref {run['reference']}, "
+            f"{run['completion_tokens']} tokens, {run['seconds']:.1f} s)"
+        )
+        parts.append(f"<h2>{html.escape(heading)}</h2><pre>")
+        for span in run["spans"]:
+            title = html.escape(f"{span['model']} · {span['trigger']} · {span['token_count']} tokens")
+            parts.append(f"<span class='{span['model']}' title='{title}'>{html.escape(span['text'])}</span>")
+        parts.append("</pre>")
+    return "".join(parts)
+
+
+def plot_speed_accuracy(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = report["summary"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, s in summary.items():
+        ax.scatter(s["mean_s"], s["accuracy"] * 100, s=60)
+        ax.annotate(mode, (s["mean_s"], s["accuracy"] * 100), textcoords="offset points", xytext=(5, 5))
+    ax.set_xlabel("mean seconds per problem")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(
+        f"GSM8K, {report['config']['large']} + {report['config']['small']}, n={summary[next(iter(summary))]['n']}"
+    )
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,161 @@
+"""Benchmark summary: per-mode accuracy, speed, small-model share, ideal vs measured speed-up, where the time goes,
+verification (rejected small-model tokens) and a paired view against the large model on the same problems.
+
+Holds :class:`Run` and the relay-mode names too, so that ``bench`` (the run) and ``bench_report`` (the outputs) both
+build on this module and neither imports ``bench``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+RELAY_MODES = ("relay", "reprompt", "relay-spec")
+VERIFY_MODES = ("relay", "relay-spec")  # the relay modes that take a "+verify@<rule>" suffix
+VERIFY_SUFFIX = "+verify"
+
+
+def is_verify_mode(mode: str) -> bool:
+    """``relay+verify@<rule>`` and ``relay-spec+verify@<rule>``: relay whose small segments the large model checks."""
+    base = mode.split("@", 1)[0]
+    return base.endswith(VERIFY_SUFFIX) and base.removesuffix(VERIFY_SUFFIX) in VERIFY_MODES
+
+
+def is_relay_mode(mode: str) -> bool:
+    """``relay``, ``reprompt`` and ``relay-spec``, also with a cue set (``relay@generic``, ``relay@all-candidates``)
+    or verified (``relay+verify@greedy``, ``relay-spec+verify@prob:0.05``)."""
+    return mode.split("@", 1)[0] in RELAY_MODES or is_verify_mode(mode)
+
+
+@dataclass
+class Run:
+    """One mode on one problem."""
+
+    problem: int
+    mode: str
+    seconds: float
+    completion_tokens: int
+    finish_reason: str
+    text: str
+    predicted: str | None
+    reference: str
+    correct: bool
+    small_tokens: int = 0
+    switches: int = 0
+    catchup_tokens: int = 0
+    speculative_rounds: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    # Verified relay (0 otherwise, and in results saved before it existed): small-model tokens the large model
+    # checked and kept, and those dropped (each rejected token and the rest of its segment; the large model rewrote).
+    verified_tokens: int = 0
+    rejected_tokens: int = 0
+    large_forward_seconds: float = 0.0  # time inside each model's forward passes (engine modes only)
+    small_forward_seconds: float = 0.0
+    spans: list[dict[str, Any]] = field(default_factory=list)
+
+
+def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
+    by_mode = {m: [r for r in runs if r.mode == m] for m in modes}
+    summary: dict[str, dict[str, Any]] = {}
+    for mode, mode_runs in by_mode.items():
+        seconds = [r.seconds for r in mode_runs]
+        tokens = sum(r.completion_tokens for r in mode_runs)
+        summary[mode] = {
+            "n": len(mode_runs),
+            "accuracy": sum(r.correct for r in mode_runs) / len(mode_runs),
+            "mean_s": statistics.mean(seconds),
+            "median_s": statistics.median(seconds),
+            "mean_tokens": tokens / len(mode_runs),
+            "tok_per_s": tokens / sum(seconds) if sum(seconds) else 0.0,
+            "s_per_token": sum(seconds) / tokens if tokens else 0.0,
+            "cap_hits": sum(r.finish_reason == "length" for r in mode_runs),
+        }
+    large, small = summary.get("large"), summary.get("small")
+    r = small["s_per_token"] / large["s_per_token"] if large and small and large["s_per_token"] else None
+    for mode in summary:
+        if not is_relay_mode(mode):
+            continue
+        mode_runs, entry = by_mode[mode], summary[mode]
+        total = sum(x.completion_tokens for x in mode_runs)
+        f = sum(x.small_tokens for x in mode_runs) / total if total else 0.0
+        entry.update(
+            small_share=f,
+            switches_per_problem=sum(x.switches for x in mode_runs) / len(mode_runs),
+            catchup_tokens_per_problem=sum(x.catchup_tokens for x in mode_runs) / len(mode_runs),
+        )
+        if r is not None and large is not None:
+            ideal = 1.0 / ((1 - f) + f * r)
+            measured = large["s_per_token"] / entry["s_per_token"] if entry["s_per_token"] else 0.0
+            entry.update(r=r, ideal_speedup=ideal, measured_speedup=measured, efficiency=measured / ideal)
+    for mode, entry in summary.items():
+        mode_runs = by_mode[mode]
+        rounds = sum(x.speculative_rounds for x in mode_runs)
+        drafted = sum(x.draft_tokens for x in mode_runs)
+        if drafted:
+            entry.update(
+                acceptance_rate=sum(x.accepted_draft_tokens for x in mode_runs) / drafted,
+                mean_draft_length=drafted / rounds,
+            )
+        large_forward = sum(x.large_forward_seconds for x in mode_runs)
+        small_forward = sum(x.small_forward_seconds for x in mode_runs)
+        tokens = sum(x.completion_tokens for x in mode_runs)
+        if (large_forward or small_forward) and tokens:
+            # Where the time goes, per generated token: inside the large model, inside the small one, and the rest
+            # (sampling, detokenizing, policy, Python). Speculation adds the verify-pass cost per large forward.
+            entry.update(
+                large_forward_ms_per_token=1000 * large_forward / tokens,
+                small_forward_ms_per_token=1000 * small_forward / tokens,
+                other_ms_per_token=1000 * (sum(x.seconds for x in mode_runs) - large_forward - small_forward) / tokens,
+            )
+            if rounds and drafted:
+                entry.update(
+                    ms_per_verify_pass=1000 * large_forward / rounds,
+                    # Every drafted token and every token the small model writes itself costs it one decode step.
+                    ms_per_small_token=1000 * small_forward / (drafted + sum(x.small_tokens for x in mode_runs)),
+                    tokens_per_verify_pass=sum(x.completion_tokens - x.small_tokens for x in mode_runs) / rounds,
+                )
+    if large is not None:
+        large_by_problem = {r.problem: r for r in by_mode["large"]}
+        for mode, entry in summary.items():
+            entry["speedup_vs_large"] = large["s_per_token"] / entry["s_per_token"] if entry["s_per_token"] else 0.0
+            # Robust to a few disturbed runs (another process on the machine): the median over problems of the
+            # per-problem ratio of seconds per token, each pair measured minutes apart on the same problem.
+            ratios = [
+                (large_by_problem[r.problem].seconds / large_by_problem[r.problem].completion_tokens)
+                / (r.seconds / r.completion_tokens)
+                for r in by_mode[mode]
+                if r.problem in large_by_problem
+                and r.completion_tokens
+                and large_by_problem[r.problem].completion_tokens
+            ]
+            entry["median_speedup_vs_large"] = statistics.median(ratios) if ratios else 0.0
+            entry.update(paired_with_large(by_mode["large"], by_mode[mode]))
+    for mode, entry in summary.items():
+        if is_verify_mode(mode):
+            entry.update(verification(by_mode[mode]))
+    return summary
+
+
+def verification(runs: list[Run]) -> dict[str, float]:
+    """The share of the small model's tokens that verification threw away: rejected / (rejected + kept), where
+    rejected counts each rejected token and the rest of its segment and the kept ones are the small-model tokens in
+    the final texts; and rejected tokens per problem."""
+    rejected = sum(r.rejected_tokens for r in runs)
+    judged = rejected + sum(r.small_tokens for r in runs)
+    return {"rejected_share": rejected / judged if judged else 0.0, "rejected_per_problem": rejected / len(runs)}
+
+
+def paired_with_large(large_runs: list[Run], mode_runs: list[Run]) -> dict[str, Any]:
+    """On the problems both the large model and the mode ran: the problems (0-based indices) only the large model
+    solved, those only the mode solved, how many both solved, and how many problems were paired."""
+    large = {r.problem: r.correct for r in large_runs}
+    mode = {r.problem: r.correct for r in mode_runs}
+    shared = sorted(large.keys() & mode.keys())
+    return {
+        "paired": len(shared),
+        "both": sum(large[p] and mode[p] for p in shared),
+        "only_large": [p for p in shared if large[p] and not mode[p]],
+        "only_mode": [p for p in shared if mode[p] and not large[p]],
+    }
