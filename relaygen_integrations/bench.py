@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -34,8 +32,11 @@ from .bench_summary import Run as Run
 from .bench_summary import is_relay_mode as is_relay_mode
 from .bench_summary import is_verify_mode as is_verify_mode
 from .bench_summary import summarize as summarize
+from .engine.cpu import cpu_model_and_flags
 from .engine.engine import GenerationError, RelayEngine
 from .engine.settings import merge_settings
+from .prompts import answers_match as answers_match
+from .prompts import extract_answer as extract_answer
 from .prompts import gsm8k_reference_answer, load_gsm8k, math_messages
 
 
@@ -55,38 +56,6 @@ class BenchConfig(BaseModel):
 
 
 # -- grading ---------------------------------------------------------------------------------------------------------
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def _last_boxed(text: str) -> str | None:
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 1, start + len("\\boxed{")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j]
-    return text[i:]
-
-
-def extract_answer(text: str) -> str | None:
-    """The final number: the last ``\\boxed{}``, else what follows "####", else the last number in the text."""
-    for candidate in (_last_boxed(text), text.rsplit("####", 1)[1] if "####" in text else None, text):
-        if candidate:
-            numbers = _NUMBER.findall(candidate)
-            if numbers:
-                return numbers[-1 if candidate is text else 0].replace(",", "")
-    return None
-
-
-def answers_match(predicted: str | None, reference: str) -> bool:
-    if predicted is None:
-        return False
-    try:
-        return abs(float(predicted) - float(reference.replace(",", ""))) < 1e-6
-    except ValueError:
-        return False
 
 
 # -- modes -------------------------------------------------------------------------------------------------------------
@@ -268,11 +237,7 @@ def rerender(out: Path) -> dict[str, Any]:
 
 
 def machine_info(config: BenchConfig) -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu, flags = cpu_model_and_flags()
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "cpu_flags": list(flags), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "dtype": config.dtype, "device": "cuda" if torch.cuda.is_available() else "cpu"}  # fmt: skip

@@ -20,13 +20,22 @@ def write_outputs(report: dict[str, Any], out: Path) -> None:
     plot_speed_accuracy(report, out / "speed_accuracy.png")
 
 
+def _cpu_flags_text(machine: dict[str, Any]) -> str:
+    """CPU instruction sets decide what a multi-position pass costs, so a report names them (older runs lack them)."""
+    if "cpu_flags" not in machine:
+        return ""
+    flags = " ".join(machine["cpu_flags"]) or "none of the tracked"
+    return f" (CPU flags: {flags}; torch CPU capability {machine['torch_cpu_capability']})"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     config, machine, summary = report["config"], report["machine"], report["summary"]
     lines = [
         f"# Benchmark: {config['large']} + {config['small']} on GSM8K ({summary[next(iter(summary))]['n']} problems)",
         "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['threads']} torch threads, torch "
-        f"{machine['torch']}, {machine['dtype']} on {machine['device']}. "
+        f"{machine['torch']}, {machine['dtype']} on {machine['device']}"
+        f"{_cpu_flags_text(machine)}. "
         f"{'Greedy' if not config['temperature'] else 'T=' + str(config['temperature'])}, "
         f"max {config['max_new_tokens']}"
         f' new tokens, cues `{config["cues"]}`. System prompt: "{MATH_SYSTEM_PROMPT}"',

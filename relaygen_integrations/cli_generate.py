@@ -1,4 +1,5 @@
-"""`relaygen generate` and `relaygen demo`: stream a relay generation, coloured by model, then a stats line."""
+"""`relaygen generate` and `relaygen demo`: stream a relay generation, coloured by model, then a stats line; the demo
+also runs the large model alone on the same question and compares answers and speed."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
-from .engine.settings import MODES
-from .prompts import gsm8k_reference_answer, load_gsm8k, math_messages
+from .engine.settings import MODES, GenerationSettings, merge_settings
+from .engine.spans import RelayResult
+from .prompts import answers_match, extract_answer, gsm8k_reference_answer, load_gsm8k, math_messages
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -54,9 +57,17 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_demo_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("demo", help="relay-generate the answer to a GSM8K question, coloured by model")
+    parser = sub.add_parser(
+        "demo", help="a GSM8K question answered by the large model alone and by relay, coloured by model, compared"
+    )
     parser.add_argument("--data", type=Path, default=None, help="GSM8K jsonl (default: five shipped test problems)")
     parser.add_argument("--index", type=int, default=0, help="which problem")
+    parser.add_argument(
+        "--no-compare",
+        dest="compare",
+        action="store_false",
+        help="skip the large-model-alone run that relay is compared with",
+    )
     _add_engine_options(parser)
     parser.set_defaults(func=run_demo)
 
@@ -65,18 +76,15 @@ def _cues_arg(value: str) -> str | list[str]:
     return [c for c in value.split(",") if c] if "," in value and not value.endswith(".json") else value
 
 
-def _run(args: argparse.Namespace, messages: list[dict[str, str]], console: Console) -> int:
-    # Heavy imports (torch, transformers) only once a command really runs: `relaygen models ...` stays instant.
+def _load(args: argparse.Namespace, console: Console) -> tuple[Any, GenerationSettings]:
+    """The shared engine and the command's settings. Heavy imports (torch, transformers) only once a command really
+    runs: ``relaygen models ...`` stays instant."""
     from transformers.utils import logging as hf_logging
 
     from .engine import RelayEngine
-    from .engine.settings import merge_settings
-    from .render import legend, print_stream, stats_line
 
     hf_logging.disable_progress_bar()  # the per-tensor "Loading weights" bars would drown the coloured answer
-
-    with console.status("loading the model pair (first use fetches it) ..."):
-        engine = RelayEngine.shared(args.large, args.small, device=args.device, dtype=args.dtype)
+    # Settings first: a bad flag is an error before minutes of model loading.
     settings = merge_settings(
         {
             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
@@ -84,13 +92,29 @@ def _run(args: argparse.Namespace, messages: list[dict[str, str]], console: Cons
             "speculative": args.speculative, "cues": _cues_arg(args.cues), "verify": args.verify,
         }
     )  # fmt: skip
+    with console.status("loading the model pair (first use fetches it) ..."):
+        engine = RelayEngine.shared(args.large, args.small, device=args.device, dtype=args.dtype)
+    return engine, settings
+
+
+def _show(engine: Any, messages: list[dict[str, str]], settings: GenerationSettings, console: Console) -> RelayResult:
+    from .render import print_stream, stats_line
+
+    result = print_stream(engine.stream(messages, settings=settings), console)
+    console.print(stats_line(result), soft_wrap=True)
+    return result
+
+
+def _run(args: argparse.Namespace, messages: list[dict[str, str]], console: Console) -> int:
+    from .render import legend
+
+    engine, settings = _load(args, console)
     if args.json:
         result = engine.generate(messages, settings=settings)
         print(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))
         return 0
     console.print(legend(engine.large_name, engine.small_name))
-    result = print_stream(engine.stream(messages, settings=settings), console)
-    console.print(stats_line(result), soft_wrap=True)
+    _show(engine, messages, settings, console)
     return 0
 
 
@@ -102,17 +126,54 @@ def run_generate(args: argparse.Namespace) -> int:
     return _run(args, messages, console)
 
 
+def describe_mode(settings: GenerationSettings) -> str:
+    """How a run's header names what ran: the mode, plus verification and speculation when on."""
+    parts = [settings.mode]
+    if settings.mode == "relay" and settings.verify is not None:
+        parts.append(f"verified ({settings.verify.spec})")
+    if settings.speculative:
+        parts.append("self-speculative")
+    return ", ".join(parts)
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    """One GSM8K question, answered by the large model alone and then by relay (the command's mode and settings):
+    both answers, checked against the reference, and relay's measured speed per token against the large model's."""
     console = Console(stderr=args.json)
     records = load_gsm8k(args.data)
     if not 0 <= args.index < len(records):
         console.print(f"[red]--index {args.index} is out of range: the data has {len(records)} problems[/red]")
         return 2
-    record = records[args.index]
-    if not args.json:
-        console.rule("GSM8K question")
-        console.print(record["question"], highlight=False)
-        console.rule(f"relay answer (reference: {gsm8k_reference_answer(record)})")
-    code = _run(args, math_messages(record["question"]), console)
+    record, reference = records[args.index], gsm8k_reference_answer(records[args.index])
+    messages = math_messages(record["question"])
+    engine, settings = _load(args, console)
+    runs = [("large alone", settings.model_copy(update={"mode": "large", "verify": None}))] if args.compare else []
+    if not (args.compare and settings.mode == "large"):
+        runs.append((describe_mode(settings), settings))
+    if args.json:
+        results = {name: engine.generate(messages, settings=run) for name, run in runs}
+        print(json.dumps(_demo_json(results, reference), ensure_ascii=False, indent=2))
+        return 0
+    from .render import comparison_table, legend, speedup_sentence
+
+    console.rule("GSM8K question")
+    console.print(record["question"], highlight=False)
+    console.print(legend(engine.large_name, engine.small_name))
+    shown: dict[str, RelayResult] = {}
+    for name, run in runs:
+        console.rule(f"{name} (reference answer: {reference})")
+        shown[name] = _show(engine, messages, run, console)
+    if len(shown) > 1:
+        console.rule("what relay bought on this question")
+        console.print(comparison_table(shown, reference))
+        console.print(speedup_sentence(shown), soft_wrap=True)
     sys.stdout.flush()
-    return code
+    return 0
+
+
+def _demo_json(results: dict[str, RelayResult], reference: str) -> dict[str, Any]:
+    runs = {}
+    for name, result in results.items():
+        answer = extract_answer(result.text)
+        runs[name] = result.to_dict() | {"answer": answer, "correct": answers_match(answer, reference)}
+    return {"reference": reference, "runs": runs}

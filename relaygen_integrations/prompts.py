@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,3 +27,37 @@ def load_gsm8k(path: str | Path | None = None) -> list[dict[str, Any]]:
 def gsm8k_reference_answer(record: dict[str, Any]) -> str:
     """The number after '####' in a GSM8K answer."""
     return str(record["answer"]).rsplit("####", 1)[-1].strip().replace(",", "")
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def _last_boxed(text: str) -> str | None:
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return text[i:]
+
+
+def extract_answer(text: str) -> str | None:
+    """The final number: the last ``\\boxed{}``, else what follows "####", else the last number in the text."""
+    for candidate in (_last_boxed(text), text.rsplit("####", 1)[1] if "####" in text else None, text):
+        if candidate:
+            numbers = _NUMBER.findall(candidate)
+            if numbers:
+                return numbers[-1 if candidate is text else 0].replace(",", "")
+    return None
+
+
+def answers_match(predicted: str | None, reference: str) -> bool:
+    if predicted is None:
+        return False
+    try:
+        return abs(float(predicted) - float(reference.replace(",", ""))) < 1e-6
+    except ValueError:
+        return False

@@ -1,13 +1,16 @@
-"""Terminal rendering of a relay stream: each span coloured by the model that wrote it, then a stats line."""
+"""Terminal rendering of a relay stream: each span coloured by the model that wrote it, then a stats line; the demo's
+comparison table."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from .engine.spans import FinalEvent, ModelRole, RelayResult, StreamEvent, TextEvent
+from .prompts import answers_match, extract_answer
 
 MODEL_STYLES: dict[ModelRole, str] = {"large": "bold cyan", "small": "bold magenta"}
 
@@ -42,3 +45,36 @@ def print_stream(events: Iterable[StreamEvent], console: Console) -> RelayResult
             console.print()
             return event.result
     raise RuntimeError("the stream ended without a final result")
+
+
+def seconds_per_token(result: RelayResult) -> float:
+    return result.elapsed / max(result.usage.completion_tokens, 1)
+
+
+def comparison_table(results: dict[str, RelayResult], reference: str) -> Table:
+    """One row per run of the same question: its answer against the reference, tokens, time, and speed per token
+    relative to the first run (runs write different numbers of tokens, so seconds per token is what compares)."""
+    table = Table(show_edge=False)
+    for column in ("run", "answer", "tokens", "small", "s", "tok/s", "speed"):
+        table.add_column(column, justify="left" if column in ("run", "answer") else "right")
+    baseline = seconds_per_token(next(iter(results.values())))
+    for name, result in results.items():
+        answer = extract_answer(result.text)
+        verdict = "[green]correct[/green]" if answers_match(answer, reference) else "[red]wrong[/red]"
+        usage, cost = result.usage, seconds_per_token(result)
+        table.add_row(
+            name, f"{answer} ({verdict})", str(usage.completion_tokens), f"{usage.small_share:.0%}",
+            f"{result.elapsed:.1f}", f"{1 / cost if cost else 0:.2f}", f"{baseline / cost if cost else 0:.2f}x",
+        )  # fmt: skip
+    return table
+
+
+def speedup_sentence(results: dict[str, RelayResult]) -> str:
+    """The last run's speed per token against the first's (the demo: relay against the large model alone)."""
+    (first, baseline), (last, result) = next(iter(results.items())), list(results.items())[-1]
+    rates = [r.usage.completion_tokens / r.elapsed if r.elapsed > 0 else 0.0 for r in (result, baseline)]
+    ratio = rates[0] / rates[1] if rates[1] else 0.0
+    return (
+        f"{last} ran at {ratio:.2f}x the speed per token of {first} on this question "
+        f"({rates[0]:.2f} vs {rates[1]:.2f} tokens/s); `relaygen bench` measures it over many."
+    )

@@ -52,5 +52,23 @@ def test_generate_streams_text_and_a_stats_line(scripted, capsys):
 def test_demo_runs_a_gsm8k_question_and_checks_the_index(scripted, capsys):
     assert main(["demo", "--max-new-tokens", "100"]) == 0
     out = capsys.readouterr().out
-    assert "Janet" in out and "reference: 18" in out and "switches 2" in out
+    assert "Janet" in out and "reference answer: 18" in out and "switches 2" in out
+    # The large model alone first, then relay, then the comparison of the two on this question.
+    assert out.index("large alone") < out.index("relay (reference") < out.index("relay ran at")
+    assert "1.00x" in out and "wrong" in out  # the scripted reply's answer (five) is not 18
     assert main(["demo", "--index", "99"]) == 2
+
+
+def test_demo_json_has_both_runs_with_checked_answers(scripted, capsys):
+    assert main(["demo", "--json", "--max-new-tokens", "100", "--verify", "greedy"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["reference"] == "18" and list(out["runs"]) == ["large alone", "relay, verified (greedy)"]
+    alone, relay = out["runs"]["large alone"], out["runs"]["relay, verified (greedy)"]
+    assert [s["model"] for s in alone["spans"]] == ["large"] and alone["usage"]["small_tokens"] == 0
+    # The scripted large model rejects the small model's upper-case sentence: relay writes the large model's text.
+    assert relay["usage"]["rejected_tokens"] > 0 and relay["text"] == alone["text"] and relay["correct"] is False
+
+
+def test_demo_without_comparison_runs_relay_only(scripted, capsys):
+    assert main(["demo", "--no-compare", "--json", "--max-new-tokens", "100"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["runs"]) == ["relay"]

@@ -55,8 +55,8 @@ class Usage:
     small_catchup_tokens: int = 0
     reused_prefix_tokens: int = 0
     rolled_back_tokens: int = 0
-    # Verified relay (0 when off): small-model tokens the large model checked, and those it rejected (each rejected
-    # token and everything after it in its segment was dropped and rewritten by the large model).
+    # Verified relay (0 when off): small-model tokens the large model checked and kept, and those it dropped (each
+    # rejected token and everything after it in its segment, rewritten by the large model). Checked = the sum.
     verified_tokens: int = 0
     rejected_tokens: int = 0
     # Self-speculative decoding of the large model's segments (0 when off): verify passes, tokens the small model
