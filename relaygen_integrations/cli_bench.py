@@ -22,7 +22,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--large", default="demo")
     parser.add_argument("--small", default="demo")
     parser.add_argument("--cues", default="auto")
-    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--dtype", default="bf16", help="bf16 | fp32 | int8 (CPU: int8-quantized linear layers)")
     parser.add_argument("--max-new-tokens", type=int, default=768)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/latest"))

@@ -20,7 +20,7 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--large", default="demo", help="known pair name, hub id or local dir (default: demo)")
     parser.add_argument("--small", default="demo", help="known pair name, hub id or local dir (default: demo)")
     parser.add_argument("--cues", default="auto", help="auto | qwen3 | r1 | generic | none | comma list | profile.json")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16) | bf16 | fp32")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16) | bf16 | fp32 | int8 (CPU: int8 linear layers)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--mode", default="relay", choices=list(MODES))
     parser.add_argument("--max-new-tokens", type=int, default=512)

@@ -8,6 +8,9 @@ import sys
 
 from .cli_generate import _cues_arg
 
+# The relay server's default cap (serve.DEFAULT_MAX_TOKENS_CAP), here so that --help does not import FastAPI.
+DEFAULT_MAX_TOKENS_CAP = 4096
+
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -23,7 +26,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--cues", default="auto", help="auto | qwen3 | r1 | generic | none | comma list | profile.json")
     parser.add_argument("--single", action="store_true", help="serve one model (--model) as a completion server")
     parser.add_argument("--model", default=None, help="with --single: pair role (demo:small), hub id or local dir")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16) | bf16 | fp32")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16) | bf16 | fp32 | int8 (CPU: int8 linear layers)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
@@ -33,6 +36,14 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         help="require 'Authorization: Bearer KEY' (default: $RELAYGEN_API_KEY, else no key)",
     )
     parser.add_argument("--served-model-name", default=None, help="the model id clients send and /v1/models lists")
+    parser.add_argument(
+        "--max-tokens-cap",
+        type=int,
+        default=DEFAULT_MAX_TOKENS_CAP,
+        metavar="N",
+        help=f"relay mode: refuse requests for more than N new tokens (default: {DEFAULT_MAX_TOKENS_CAP}); --single "
+        "is bounded by the model's context window",
+    )
     parser.set_defaults(func=run_serve)
 
 
@@ -43,27 +54,40 @@ def run_serve(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         print(f"relaygen serve: --port must be 1..65535, got {args.port}", file=sys.stderr)
         return 2
+    if args.max_tokens_cap < 1:
+        print(f"relaygen serve: --max-tokens-cap must be a positive number, got {args.max_tokens_cap}", file=sys.stderr)
+        return 2
     try:
         # FastAPI, uvicorn, torch and transformers load only when a server really starts.
         from .serve import LOOPBACK_HOSTS, create_app, create_single_app, run_server
     except ImportError as exc:
         raise RuntimeError(f"relaygen serve needs: pip install 'relaygen-integrations[serve]' ({exc})") from exc
     from .engine import RelayEngine
-    from .engine.models import load_causal_lm, load_tokenizer, pick_device, pick_dtype, resolve_reference
+    from .engine.models import (
+        load_causal_lm,
+        load_tokenizer,
+        pick_device,
+        pick_weights,
+        quantize_linear_int8,
+        resolve_reference,
+    )
 
     if args.host not in LOOPBACK_HOSTS and not args.api_key:
         print(f"relaygen serve: warning: listening on {args.host} without --api-key", file=sys.stderr)
     if args.single:
         device = pick_device(args.device)
-        dtype = pick_dtype(args.dtype, device)
-        reference, _pair = resolve_reference(args.model, "large", dtype)
-        model = load_causal_lm(reference, dtype, device)
+        weights = pick_weights(args.dtype, device)
+        reference, _pair = resolve_reference(args.model, "large", weights.source_dtype)
+        model = load_causal_lm(reference, weights.dtype, device)
+        if weights.quantized:
+            model = quantize_linear_int8(model)
         name = args.served_model_name or args.model
         app = create_single_app(model, load_tokenizer(reference), served_model_name=name, api_key=args.api_key)
     else:
         engine = RelayEngine.from_pretrained(
             args.large, args.small, cues=_cues_arg(args.cues), device=args.device, dtype=args.dtype
         )
-        app = create_app(engine, served_model_name=args.served_model_name or "relaygen", api_key=args.api_key)
+        name = args.served_model_name or "relaygen"
+        app = create_app(engine, served_model_name=name, api_key=args.api_key, max_tokens_cap=args.max_tokens_cap)
     run_server(app, args.host, args.port)
     return 0

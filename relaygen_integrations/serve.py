@@ -23,21 +23,36 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from .chat.relay_chat import ChatDelta, astream_chat, prepare_chat
 from .chat.tool_calls import ToolCall
 from .engine.engine import RelayEngine
-from .engine.settings import GenerationSettings, merge_settings
+from .engine.settings import GenerationSettings, SettingsError, merge_settings
 from .engine.spans import Mode, RelayResult
-from .serve_http import LOOPBACK_HOSTS, SSE_DONE, error_kind, error_response, models_response, new_app, run_server, sse
+from .serve_http import (
+    CLIENT_CLOSED_REQUEST,
+    LOOPBACK_HOSTS,
+    SSE_DONE,
+    ClientDisconnected,
+    error_kind,
+    error_response,
+    models_response,
+    new_app,
+    run_server,
+    sse,
+    unless_disconnected,
+)
 from .serve_single import create_single_app
 
 __all__ = ["LOOPBACK_HOSTS", "create_app", "create_single_app", "run_server"]
 
 _FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "cancelled": "stop"}
+# The most tokens one request may ask for unless the server is started with another cap (--max-tokens-cap): without
+# a cap, a max_tokens of 10**30 runs to the end of the context window.
+DEFAULT_MAX_TOKENS_CAP = 4096  # the CLI's --max-tokens-cap default repeats it (cli_serve.py)
 
 
 # -- relay chat completions -------------------------------------------------------------------------------------------
@@ -65,11 +80,21 @@ class ChatCompletionRequest(BaseModel):
     verify: str | None = None  # relaygen extension: verified relay ("greedy", "prob:0.05", ...), local engines only
 
 
-def _chat_settings(body: ChatCompletionRequest) -> GenerationSettings:
-    """Engine settings: only what the request gives, so the engine's defaults (greedy, 256 tokens) apply otherwise."""
+def _chat_settings(body: ChatCompletionRequest, max_tokens_cap: int) -> GenerationSettings:
+    """Engine settings: only what the request gives, so the engine's defaults (greedy, 256 tokens) apply otherwise;
+    ``max_tokens`` above the server's cap is refused, naming both."""
     if body.n != 1:
-        raise ValueError("n must be 1: one relay generation per request")
+        raise SettingsError(f"n must be 1: one relay generation per request, got n={body.n}", "n")
     max_tokens = body.max_completion_tokens or body.max_tokens
+    if max_tokens is not None and max_tokens > max_tokens_cap:
+        field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        raise SettingsError(
+            f"{field}={max_tokens} is more than this server's cap of {max_tokens_cap} tokens per request "
+            "(relaygen serve --max-tokens-cap)",
+            field,
+        )
+    if max_tokens is None and GenerationSettings().max_new_tokens > max_tokens_cap:
+        max_tokens = max_tokens_cap
     given = {"max_new_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed}
     settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
     if body.top_k is not None and body.top_k > 0:  # vLLM's "-1 = off" convention
@@ -102,8 +127,16 @@ def _finish_reason(delta: ChatDelta) -> str:
     return "tool_calls" if delta.parsed.tool_calls else _FINISH_REASONS[delta.result.finish_reason]
 
 
-def create_app(engine: RelayEngine, served_model_name: str = "relaygen", api_key: str | None = None) -> FastAPI:
-    """An OpenAI-compatible chat server over ``engine`` (local or ``RelayEngine.from_endpoints``)."""
+def create_app(
+    engine: RelayEngine,
+    served_model_name: str = "relaygen",
+    api_key: str | None = None,
+    max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
+) -> FastAPI:
+    """An OpenAI-compatible chat server over ``engine`` (local or ``RelayEngine.from_endpoints``). A request may ask
+    for at most ``max_tokens_cap`` new tokens; a client that disconnects stops its generation within one step."""
+    if isinstance(max_tokens_cap, bool) or not isinstance(max_tokens_cap, int) or max_tokens_cap < 1:
+        raise ValueError(f"max_tokens_cap must be a positive number of tokens, got {max_tokens_cap!r}")
     app = new_app("relaygen", api_key)
 
     @app.get("/v1/models")
@@ -113,11 +146,11 @@ def create_app(engine: RelayEngine, served_model_name: str = "relaygen", api_key
         )
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+    async def chat_completions(body: ChatCompletionRequest, http: Request) -> Response:
         try:
             request = prepare_chat(
                 body.messages,
-                _chat_settings(body),
+                _chat_settings(body, max_tokens_cap),
                 tools=body.tools,
                 tool_choice=body.tool_choice,
                 chat_template_kwargs=body.chat_template_kwargs,
@@ -126,19 +159,23 @@ def create_app(engine: RelayEngine, served_model_name: str = "relaygen", api_key
             deltas = astream_chat(engine, request)
             # The first delta arrives once the request is validated and the first token is written: an error up to
             # here is still a proper HTTP status, not an error inside a 200 stream.
-            first = await deltas.__anext__()
+            first = await unless_disconnected(deltas.__anext__(), http)
+            if not body.stream:
+                # Nothing is sent until the end, so only the connection tells whether anyone still waits: a client
+                # that left cancels the generation (it stops within one step) instead of keeping the engine busy.
+                final = await unless_disconnected(_last_delta(first, deltas), http)
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception as exc:
             status, kind = error_kind(exc)
             return error_response(status, str(exc), kind)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if body.stream:
+            # A streaming client that leaves is noticed by the response itself, which cancels the generator.
             return StreamingResponse(
                 _chatsse(first, deltas, completion_id, created, served_model_name), media_type="text/event-stream"
             )
-        final = first
-        async for delta in deltas:
-            final = delta
         assert final.result is not None and final.parsed is not None
         parsed, result = final.parsed, final.result
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
@@ -158,6 +195,13 @@ def create_app(engine: RelayEngine, served_model_name: str = "relaygen", api_key
         )
 
     return app
+
+
+async def _last_delta(first: ChatDelta, deltas: AsyncIterator[ChatDelta]) -> ChatDelta:
+    final = first
+    async for delta in deltas:
+        final = delta
+    return final
 
 
 async def _chatsse(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import secrets
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,6 +17,43 @@ from fastapi.responses import JSONResponse
 from .engine.endpoint import EndpointError
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+T = TypeVar("T")
+# What nginx logs for a request whose client closed the connection first; nobody reads it but the access log.
+CLIENT_CLOSED_REQUEST = 499
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before its answer was ready; the work for it was stopped."""
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Returns once the client disconnects. The body was read before the handler ran, so the next ASGI message a
+    request gets is its disconnect (sent when the connection drops, or once the response is complete)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(
+    work: Awaitable[T], request: Request, on_disconnect: Callable[[], None] | None = None
+) -> T:
+    """Awaits ``work`` unless the client disconnects first: then ``on_disconnect`` runs (e.g. sets a cancel flag a
+    generation checks between steps), ``work`` is cancelled and :class:`ClientDisconnected` raised. A non-streaming
+    request would otherwise keep the engine busy for a client that left."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            if on_disconnect is not None:
+                on_disconnect()
+            task.cancel()
+            with contextlib.suppress(BaseException):  # whatever the cancelled work raises, nobody is waiting for it
+                await task
+    if task.cancelled():
+        raise ClientDisconnected
+    return task.result()
 
 
 # -- errors, auth, SSE --------------------------------------------------------------------------------------

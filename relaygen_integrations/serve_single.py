@@ -9,6 +9,7 @@ a request that extends the previous one forward-passes only the new tokens. Its 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -16,20 +17,30 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .engine.cues import CueSet
 from .engine.models import context_window, eos_token_ids
 from .engine.policy import RelayPolicy
+from .engine.prompt import check_text
 from .engine.runner import ModelRunner
 from .engine.sampling import Sampler
 from .engine.settings import SamplingParams
 from .engine.spans import TextEvent
 from .engine.transcript import Transcript
-from .serve_http import SSE_DONE, error_response, models_response, new_app, sse
+from .serve_http import (
+    CLIENT_CLOSED_REQUEST,
+    SSE_DONE,
+    ClientDisconnected,
+    error_response,
+    models_response,
+    new_app,
+    sse,
+    unless_disconnected,
+)
 
 _NO_CUES = CueSet(())
 
@@ -84,6 +95,10 @@ class SingleModel:
         self.context_window = context_window(self.model)
 
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A text prompt is raw text for the model, markup included (as a completion server takes it), so only its
+        well-formedness is checked; token ids must be in the vocabulary."""
+        if isinstance(prompt, str):
+            check_text(prompt, "prompt")
         ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -94,10 +109,16 @@ class SingleModel:
         return ids
 
     def complete(
-        self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams, stop: tuple[str, ...]
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: tuple[str, ...],
+        cancel: threading.Event | None = None,
     ) -> Iterator[CompletionPiece]:
         """One piece per generated token (vLLM's semantics: a matched stop string ends the text before it and is
-        reported as ``stop_reason``; the ids of every generated token are reported, eos included)."""
+        reported as ``stop_reason``; the ids of every generated token are reported, eos included). ``cancel`` set
+        (the client left) stops before the next decode step."""
         if len(prompt_ids) + max_tokens > self.context_window:
             raise ValueError(
                 f"this model's context window is {self.context_window} tokens; the prompt has {len(prompt_ids)} and "
@@ -109,6 +130,8 @@ class SingleModel:
         transcript = Transcript(self.tokenizer, prompt_ids, policy, stop, self.eos_ids, max_tokens)
         token, text = -1, ""
         while not transcript.finished:
+            if cancel is not None and cancel.is_set():
+                return
             with self.lock:
                 try:
                     self.runner.sync_to(transcript.ids)
@@ -150,7 +173,8 @@ def create_single_app(
         return models_response(served_model_name, {"max_model_len": single.context_window})
 
     @app.post("/v1/completions", response_model=None)
-    def completions(body: CompletionRequest) -> JSONResponse | StreamingResponse:
+    async def completions(body: CompletionRequest, http: Request) -> Response:
+        cancel = threading.Event()  # set when the client leaves: the model stops before its next step
         try:
             if body.n != 1:
                 raise ValueError("n must be 1")
@@ -158,8 +182,13 @@ def create_single_app(
             top_k = body.top_k if body.top_k is not None and body.top_k > 0 else None  # vLLM: -1 = off
             sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=top_k, seed=body.seed)
             stops = tuple(s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or ()) if s)
-            pieces = single.complete(prompt_ids, body.max_tokens, sampling, stops)
-            first = next(pieces)  # validation and the first token happen here, so errors still get a status code
+            pieces = single.complete(prompt_ids, body.max_tokens, sampling, stops, cancel)
+            # Validation and the first token happen here (on a worker thread), so errors still get a status code.
+            first = await unless_disconnected(asyncio.to_thread(next, pieces), http, cancel.set)
+            if not body.stream:
+                rest = await unless_disconnected(asyncio.to_thread(list, pieces), http, cancel.set)
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         except (ValueError, ValidationError) as exc:
             return error_response(400, str(exc), "invalid_request_error")
         completion_id = f"cmpl-{uuid.uuid4().hex}"
@@ -186,7 +215,7 @@ def create_single_app(
                 yield SSE_DONE
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        collected = list(all_pieces())
+        collected = [first, *rest]
         last = collected[-1]
         whole = CompletionPiece([], "".join(p.text for p in collected), last.finish_reason, last.stop_reason)
         token_ids = [t for p in collected for t in p.token_ids]

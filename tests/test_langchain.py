@@ -302,3 +302,28 @@ def test_fenced_json_call_with_auto_tool_choice(tokenizer):
     # Without tools the same text is just text.
     plain = RelayChatModel(engine=chat_engine(tokenizer, reply)).invoke("What is 6 times 7?")
     assert plain.content == reply and plain.tool_calls == []
+
+
+def test_a_string_stop_is_one_stop_sequence_in_every_path(model):
+    """stop="FIVE" is one stop sequence - as an invoke/stream/ainvoke argument, through bind, as the field - never
+    its letters (which would end the text at the first "F", "I", "V" or "E")."""
+    expected = "We add two and three. So THE ANSWER IS "
+    assert model.invoke("x", stop="FIVE").content == expected
+    assert "".join(chunk.content for chunk in model.stream("x", stop="FIVE")) == expected
+    assert model.bind(stop="FIVE").invoke("x").content == expected
+    fielded = RelayChatModel(engine=model.engine, max_tokens=100, stop="FIVE")
+    assert fielded.stop == ["FIVE"] and fielded.invoke("x").content == expected
+    with pytest.raises(TypeError, match="stop=5"):
+        model.invoke("x", stop=5)
+
+
+async def test_a_string_stop_is_one_stop_sequence_async(model):
+    assert (await model.ainvoke("x", stop="FIVE")).content == "We add two and three. So THE ANSWER IS "
+
+
+@pytest.mark.parametrize("choice", ["any", "required", True])
+def test_forcing_a_tool_call_without_tools_fails_at_bind_time(model, choice):
+    with pytest.raises(ValueError, match="no tools are bound"):
+        model.bind_tools([], tool_choice=choice)
+    with pytest.raises(ValueError, match="no tools are bound"):
+        model.invoke("x", tool_choice=choice)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import AliasChoices, BaseModel, Field, PrivateAttr
+from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, field_validator
 
 from ..engine.spans import Mode
 
@@ -31,7 +31,7 @@ class RelayModelFields(BaseModel):
         "known pair, else the generic preset).",
     )
     device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
-    dtype: str = Field(default="auto", description="'auto', 'bf16', 'fp16' or 'fp32'.")
+    dtype: str = Field(default="auto", description="'auto', 'bf16', 'fp16', 'fp32' or 'int8' (CPU only).")
     temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
     max_tokens: int = Field(
         default=256,
@@ -54,6 +54,11 @@ class RelayModelFields(BaseModel):
         "adaptive draft length.",
     )
 
+    raw_markup: bool = Field(
+        default=False,
+        description="Whether control-token strings in messages (e.g. '<|im_end|>') become real tokens. By default they "
+        "are text, so a message cannot open a turn of its own; True only for messages that really hold chat markup.",
+    )
     verify: str | None = Field(
         default=None,
         description="Verified relay: the large model checks the small model's tokens in its catch-up pass and rewrites "
@@ -61,6 +66,12 @@ class RelayModelFields(BaseModel):
     )
 
     _engine: RelayEngine | None = PrivateAttr(default=None)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop_string(cls, value: Any) -> Any:
+        # A single string is one stop sequence, never its characters (as everywhere in the engine).
+        return [value] if isinstance(value, str) else value
 
     def settings_layer(self) -> dict[str, Any]:
         """The configured generation settings, as the layer below a call's keyword arguments."""

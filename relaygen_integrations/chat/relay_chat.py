@@ -12,11 +12,14 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..engine.prompt import check_json_data, validate_messages
+from ..engine.settings import SettingsError, shown
 from .tool_calls import (
     InvalidToolCall,
     ParsedOutput,
     ToolCall,
     ToolCallStreamParser,
+    check_tool_choice,
     forced_prefix,
     tool_names,
     validate_tools,
@@ -48,11 +51,47 @@ class ChatRequest:
     prefix: str | None
     chat_template_kwargs: Mapping[str, Any] | None
     settings: GenerationSettings
+    raw_markup: bool = False  # control-token strings in the messages become tokens (the caller passes chat markup)
+
+
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
+def response_schema(response_format: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """Checks an OpenAI-style ``response_format`` and returns its JSON schema, if it has one: ``{"type":
+    "json_schema", "json_schema": {"name": ..., "schema": {...}}}`` (OpenAI) or ``{"type": "json_schema", "schema":
+    {...}}`` (LangChain). A bad one is a ``SettingsError`` naming the field."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, Mapping):
+        raise SettingsError(
+            f"response_format must be a dict such as {{'type': 'json_object'}}, got {shown(response_format)}",
+            "response_format",
+        )
+    kind = response_format.get("type")
+    if kind is not None and kind not in RESPONSE_FORMATS:
+        raise SettingsError(
+            f"unsupported response_format type {shown(kind)}; use one of {list(RESPONSE_FORMATS)}",
+            "response_format.type",
+        )
+    wrapper = response_format.get("json_schema")
+    if wrapper is not None and not isinstance(wrapper, Mapping):
+        raise SettingsError(
+            f"response_format.json_schema must be an object such as {{'name': 'answer', 'schema': {{...}}}}, got "
+            f"{shown(wrapper)}",
+            "response_format.json_schema",
+        )
+    schema = response_format.get("schema") or (wrapper or {}).get("schema")
+    field = "response_format.schema" if response_format.get("schema") else "response_format.json_schema.schema"
+    if schema is not None and not isinstance(schema, Mapping):
+        raise SettingsError(f"{field} must be a JSON schema object, got {shown(schema)}", field)
+    check_json_data(schema, field, SettingsError)
+    return schema
 
 
 def json_instruction(response_format: Mapping[str, Any]) -> str:
     """System-prompt text asking for a bare JSON object (optionally matching a schema)."""
-    schema = response_format.get("schema") or (response_format.get("json_schema") or {}).get("schema")
+    schema = response_schema(response_format)
     if schema:
         return "Respond with a single JSON object, and nothing else, that matches this JSON schema:\n" + json.dumps(
             schema, ensure_ascii=False
@@ -67,18 +106,22 @@ def prepare_chat(
     tool_choice: str | Mapping[str, Any] | bool | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     response_format: Mapping[str, Any] | None = None,
+    raw_markup: bool = False,
 ) -> ChatRequest:
-    """Validates tools and derives the prefill; ``tool_choice="none"`` hides the tools from the model.
-    ``settings``: the call's generation settings, merged once by the caller (``merge_settings``).
+    """Validates the request and derives the prefill; ``tool_choice="none"`` hides the tools from the model, and a
+    forced tool choice with no tools bound is a ``ToolSchemaError`` (never silently free text). ``settings``: the
+    call's generation settings, merged once by the caller (``merge_settings``).
 
     ``response_format`` (OpenAI style: ``{"type": "json_object"}`` or ``{"type": "json_schema", "schema": ...}``)
     adds a JSON instruction to the system message and prefills ``{`` so the answer starts as JSON.
     """
-    checked = validate_tools(tools) if tools else None
+    chat = validate_messages(messages)
+    checked = validate_tools(tools) if tools is not None else None
+    check_tool_choice(tool_choice, checked)
+    response_schema(response_format)
     if tool_choice == "none":
         checked = None
     prefix = forced_prefix(tool_choice, checked) if checked else None
-    chat = [dict(m) for m in messages]
     if response_format and response_format.get("type") in ("json_object", "json_schema"):
         instruction = json_instruction(response_format)
         if chat and chat[0].get("role") == "system":
@@ -86,9 +129,7 @@ def prepare_chat(
         else:
             chat.insert(0, {"role": "system", "content": instruction})
         prefix = prefix or "{"
-    elif response_format and response_format.get("type") not in (None, "text"):
-        raise ValueError(f"unsupported response_format type {response_format.get('type')!r}")
-    return ChatRequest(chat, checked, prefix, chat_template_kwargs, settings)
+    return ChatRequest(chat, checked or None, prefix, chat_template_kwargs, settings, raw_markup)
 
 
 class ChatStreamAssembler:
@@ -150,6 +191,7 @@ def stream_chat(engine: RelayEngine, request: ChatRequest, cancel: Any = None) -
         tools=request.tools,
         chat_template_kwargs=request.chat_template_kwargs,
         assistant_prefix=request.prefix,
+        raw_markup=request.raw_markup,
         cancel=cancel,
         settings=request.settings,
     )
@@ -164,6 +206,7 @@ async def astream_chat(engine: RelayEngine, request: ChatRequest) -> AsyncIterat
         tools=request.tools,
         chat_template_kwargs=request.chat_template_kwargs,
         assistant_prefix=request.prefix,
+        raw_markup=request.raw_markup,
         settings=request.settings,
     )
     async for event in events:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..engine.prompt import ToolSchemaError as ToolSchemaError  # re-exported: the tool-schema check lives with prompts
 from ..engine.prompt import validate_tools as validate_tools
+from ..engine.settings import shown
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -214,6 +215,36 @@ def tool_names(tools: Sequence[Mapping[str, Any]]) -> list[str]:
     return [str(tool["function"]["name"]) for tool in tools]
 
 
+def forces_nothing(tool_choice: Any) -> bool:
+    """``None``, ``False``, ``"auto"`` or ``"none"``: the model may answer in text (``0`` is not ``False`` here)."""
+    return (
+        tool_choice is None
+        or tool_choice is False
+        or (isinstance(tool_choice, str) and tool_choice in ("auto", "none"))
+    )
+
+
+def check_tool_choice(tool_choice: Any, tools: Sequence[Mapping[str, Any]] | None) -> None:
+    """A tool choice must be ``None``/``"auto"``/``"none"``, ``"any"``/``"required"``/``True``, a bound tool's name
+    or ``{"type": "function", "function": {"name": ...}}``. A forcing choice needs tools: without any it would
+    silently give free text, so it is a ``ToolSchemaError`` instead."""
+    if forces_nothing(tool_choice):
+        return
+    if not isinstance(tool_choice, (str, bool, Mapping)):
+        raise ToolSchemaError(
+            f"tool_choice must be 'auto', 'none', 'required', a tool name or {{'type': 'function', 'function': "
+            f"{{'name': ...}}}}, got {shown(tool_choice)}",
+            "tool_choice",
+        )
+    if not tools:
+        raise ToolSchemaError(
+            f"tool_choice={shown(tool_choice)} forces a tool call, but no tools are bound: bind the tools, or use "
+            "tool_choice='auto'",
+            "tool_choice",
+        )
+    forced_prefix(tool_choice, tools)  # a name that is not bound
+
+
 def forced_prefix(tool_choice: str | Mapping[str, Any] | None, tools: Sequence[Mapping[str, Any]]) -> str | None:
     """The assistant-turn prefill that enforces a tool choice.
 
@@ -221,7 +252,7 @@ def forced_prefix(tool_choice: str | Mapping[str, Any] | None, tools: Sequence[M
     ``{"type": "function", "function": {"name": ...}}`` dict) also writes the name, so only arguments remain free.
     ``None``/``"auto"``/``"none"`` prefill nothing.
     """
-    if tool_choice in (None, "auto", "none", False):
+    if forces_nothing(tool_choice):
         return None
     names = tool_names(tools)
     if tool_choice in ("any", "required", True):
@@ -230,9 +261,12 @@ def forced_prefix(tool_choice: str | Mapping[str, Any] | None, tools: Sequence[M
         return f'{OPEN_TAG}\n{{"name": "'
 
     if isinstance(tool_choice, Mapping):
-        tool_choice = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        function = tool_choice.get("function")
+        tool_choice = (function.get("name") if isinstance(function, Mapping) else None) or tool_choice.get("name")
     if not isinstance(tool_choice, str) or tool_choice not in names:
-        raise ToolSchemaError(f"tool_choice {tool_choice!r} names no bound tool; bound tools: {names}")
+        raise ToolSchemaError(
+            f"tool_choice {shown(tool_choice)} names no bound tool; bound tools: {names}", "tool_choice"
+        )
     # Opening the arguments object too: after a bare '"arguments": ' the 1.5B demo model wrote `42` (not an object).
     return f'{OPEN_TAG}\n{{"name": {json.dumps(tool_choice)}, "arguments": {{'
 

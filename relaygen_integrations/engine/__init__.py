@@ -12,11 +12,20 @@ if TYPE_CHECKING:
     from .backend import Backend, BackendCapabilityError, GenerationSession
     from .cues import PRESETS, CueConfigError, CueSet, resolve_cues
     from .engine import RelayEngine
+    from .guard import EngineBusyError
     from .local import LocalBackend
     from .models import ModelLoadError, TokenizerMismatchError
     from .policy import Decision, PolicyConfig, RelayPolicy
+    from .prompt import MessageError, ToolSchemaError
     from .sampling import SamplingParams
-    from .settings import GenerationError, GenerationPlan, GenerationSettings, SettingsError, merge_settings
+    from .settings import (
+        GenerationError,
+        GenerationPlan,
+        GenerationSettings,
+        PromptError,
+        SettingsError,
+        merge_settings,
+    )
     from .spans import FinalEvent, RelayResult, Span, StreamEvent, SwitchEvent, TextEvent, Usage
 
 # Where each public name lives.
@@ -29,16 +38,20 @@ _HOME = {
     "CueSet": "cues",
     "resolve_cues": "cues",
     "RelayEngine": "engine",
+    "EngineBusyError": "guard",
     "LocalBackend": "local",
     "ModelLoadError": "models",
     "TokenizerMismatchError": "models",
     "Decision": "policy",
     "PolicyConfig": "policy",
     "RelayPolicy": "policy",
+    "MessageError": "prompt",
+    "ToolSchemaError": "prompt",
     "SamplingParams": "sampling",
     "GenerationError": "settings",
     "GenerationPlan": "settings",
     "GenerationSettings": "settings",
+    "PromptError": "settings",
     "SettingsError": "settings",
     "merge_settings": "settings",
     "FinalEvent": "spans",
@@ -57,14 +70,17 @@ __all__ = [
     "CueConfigError",
     "CueSet",
     "Decision",
+    "EngineBusyError",
     "FinalEvent",
     "GenerationError",
     "GenerationPlan",
     "GenerationSession",
     "GenerationSettings",
     "LocalBackend",
+    "MessageError",
     "ModelLoadError",
     "PolicyConfig",
+    "PromptError",
     "RelayEngine",
     "RelayPolicy",
     "RelayResult",
@@ -75,6 +91,7 @@ __all__ = [
     "SwitchEvent",
     "TextEvent",
     "TokenizerMismatchError",
+    "ToolSchemaError",
     "Usage",
     "merge_settings",
     "resolve_cues",

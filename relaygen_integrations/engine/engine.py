@@ -20,24 +20,34 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .backend import Backend, BackendCapabilityError
 from .cues import CueConfigError, CueSet, resolve_cues
 from .generate import drive
+from .guard import EngineBusyError, RequestLock, check_prompt_ids, policy_config
 from .local import LocalBackend
 from .models import (
     check_tokenizers_match,
     load_causal_lm,
     load_tokenizer,
     pick_device,
-    pick_dtype,
+    pick_weights,
+    quantize_linear_int8,
     reasoning_end_marker,
     resolve_reference,
 )
 from .policy import PolicyConfig, RelayPolicy
 from .prompt import render_prompt_ids
-from .settings import GenerationError, GenerationPlan, GenerationSettings, merge_settings
+from .settings import (
+    GenerationError,
+    GenerationPlan,
+    GenerationSettings,
+    PromptError,
+    SettingsError,
+    merge_settings,
+    shown,
+)
 from .spans import FinalEvent, RelayResult, StreamEvent
 from .speculative import DEFAULT_DRAFT_CONFIDENCE
 from .transcript import Transcript
 
-__all__ = ["BackendCapabilityError", "GenerationError", "GenerationPlan", "RelayEngine"]
+__all__ = ["BackendCapabilityError", "EngineBusyError", "GenerationError", "GenerationPlan", "RelayEngine"]
 
 
 class _Failure:
@@ -72,12 +82,17 @@ class RelayEngine:
         self.tokenizer = tokenizer
         self.pair_name = pair_name
         self.cues = cues if isinstance(cues, CueSet) else resolve_cues(cues, pair_name)
-        config = policy if isinstance(policy, PolicyConfig) else PolicyConfig(**dict(policy or {}))
+        config = policy_config(policy)
         if config.reasoning_end is None:
             config = config.model_copy(update={"reasoning_end": reasoning_end_marker(tokenizer)})
         self.policy_config = config
-        self._lock = threading.Lock()
+        self._lock = RequestLock()
         self._cue_cache: dict[Any, CueSet] = {}
+        # The ids any model of the pair can read: the tokenizer's, and no more than a local model's embedding rows.
+        sizes = [len(tokenizer)] + [
+            int(runner.model.config.vocab_size) for runner in getattr(backend, "runners", {}).values()
+        ]
+        self.vocab_size = min(sizes)
         # The default for requests that do not say; validated like a request's own.
         self.speculative = self._draft_limit(merge_settings({"speculative": speculative}), default=0)
 
@@ -130,13 +145,15 @@ class RelayEngine:
         The tokenizer and chat template come from the large model; the small model's tokenizer must agree with it.
         """
         torch_device = pick_device(device)
-        torch_dtype = pick_dtype(dtype, torch_device)
-        large_ref, pair = resolve_reference(large, "large", torch_dtype)
-        small_ref, small_pair = resolve_reference(small, "small", torch_dtype)
+        weights = pick_weights(dtype, torch_device)
+        large_ref, pair = resolve_reference(large, "large", weights.source_dtype)
+        small_ref, small_pair = resolve_reference(small, "small", weights.source_dtype)
         tokenizer = load_tokenizer(large_ref, trust_remote_code)
         check_tokenizers_match(tokenizer, load_tokenizer(small_ref, trust_remote_code))
-        large_model = load_causal_lm(large_ref, torch_dtype, torch_device, trust_remote_code, allow_pickle)
-        small_model = load_causal_lm(small_ref, torch_dtype, torch_device, trust_remote_code, allow_pickle)
+        large_model = load_causal_lm(large_ref, weights.dtype, torch_device, trust_remote_code, allow_pickle)
+        small_model = load_causal_lm(small_ref, weights.dtype, torch_device, trust_remote_code, allow_pickle)
+        if weights.quantized:
+            large_model, small_model = quantize_linear_int8(large_model), quantize_linear_int8(small_model)
         pair_name = pair if pair == small_pair else None
         return cls.from_models(
             large_model,
@@ -165,7 +182,7 @@ class RelayEngine:
         such as ``trust_remote_code``), loaded on first use. Cues, policy and speculation are per request, so
         adapters that differ only in those share the weights."""
         torch_device = pick_device(device)  # "auto" and what it resolves to must share one copy
-        key = (large, small, str(torch_device), str(pick_dtype(dtype, torch_device)), *sorted(options.items()))
+        key = (large, small, str(torch_device), pick_weights(dtype, torch_device).name, *sorted(options.items()))
         with _SHARED_LOCK:
             engine = _SHARED_ENGINES.get(key)
             if engine is None:
@@ -234,25 +251,34 @@ class RelayEngine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         assistant_prefix: str | None = None,
+        *,
+        raw_markup: bool = False,
     ) -> list[int]:
-        return render_prompt_ids(self.tokenizer, messages, tools, chat_template_kwargs, assistant_prefix)
+        """Prompt ids of a chat (validated first: ``MessageError`` / ``ToolSchemaError`` name what is wrong).
+        Control-token strings in the messages are encoded as text; ``raw_markup=True`` makes them tokens, for a
+        caller who really passes chat markup."""
+        return render_prompt_ids(
+            self.tokenizer, messages, tools, chat_template_kwargs, assistant_prefix, raw_markup=raw_markup
+        )
 
     def plan(
         self, prompt_ids: Sequence[int], settings: GenerationSettings | None = None, **overrides: Any
     ) -> GenerationPlan:
         """Validates a request before any model work starts, so a bad one leaves nothing half-done. ``settings``
         (built with ``merge_settings``) and/or keyword ``overrides``: the fields of :class:`GenerationSettings`."""
-        settings = merge_settings(settings, overrides) if overrides or settings is None else settings
+        if overrides or not isinstance(settings, GenerationSettings):
+            settings = merge_settings(settings, overrides)
         roles = self.backend.roles
         if settings.mode != "large" and "small" not in roles:
-            raise GenerationError(f"mode {settings.mode!r} needs a small model, and this engine has none")
-        ids = [int(i) for i in prompt_ids]
+            raise GenerationError(f"mode {settings.mode!r} needs a small model, and this engine has none", "mode")
+        ids = check_prompt_ids(prompt_ids, self.vocab_size)
         if not ids:
-            raise GenerationError("the prompt is empty")
+            raise PromptError("the prompt is empty", "prompt_ids")
         room = self.context_window - len(ids)
         if room <= 0:
-            raise GenerationError(
-                f"the prompt has {len(ids)} tokens but the context window is {self.context_window} tokens"
+            raise PromptError(
+                f"the prompt has {len(ids)} tokens but the context window is {self.context_window} tokens",
+                "prompt_ids",
             )
         plan = GenerationPlan(
             prompt_ids=ids,
@@ -278,20 +304,27 @@ class RelayEngine:
                     spec if isinstance(spec, str) else list(spec), self.pair_name
                 )
             except CueConfigError as exc:
-                raise GenerationError(str(exc)) from exc
+                raise GenerationError(str(exc), "cues") from exc
         return cached
 
     def _draft_limit(self, settings: GenerationSettings, default: int) -> int:
         limit = settings.draft_limit(default)
         if limit and "small" not in self.backend.roles:
-            raise GenerationError("speculative decoding needs a small model to draft, and this engine has none")
+            raise GenerationError(
+                "speculative decoding needs a small model to draft, and this engine has none", "speculative"
+            )
         return limit
 
     # -- running ------------------------------------------------------------------------------------------------
     def run_plan(self, plan: GenerationPlan, cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
         """The stream of one planned request; closing it stops generation. Holds the engine lock while it runs when
-        the backend serializes requests."""
-        with self._lock if self.backend.serialized else contextlib.nullcontext():
+        the backend serializes requests: from its first event until it is exhausted, closed or garbage-collected,
+        other threads' requests wait, and a request from this thread raises :class:`EngineBusyError` at once. A
+        backend that does not serialize (remote endpoints) runs a nested request alongside."""
+        if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+            raise SettingsError(f"cancel must be a threading.Event, got {shown(cancel)}", "cancel")
+        what = f"a {plan.mode} request for {plan.max_new_tokens} tokens"
+        with self._lock.hold(what) if self.backend.serialized else contextlib.nullcontext():
             policy = RelayPolicy(plan.cues, self.policy_config, plan.mode)
             transcript = Transcript(
                 self.tokenizer, plan.prompt_ids, policy, plan.stop, self.eos_ids, plan.max_new_tokens,
@@ -321,15 +354,16 @@ class RelayEngine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         assistant_prefix: str | None = None,
+        raw_markup: bool = False,
         cancel: threading.Event | None = None,
         settings: GenerationSettings | None = None,
         **overrides: Any,
     ) -> Iterator[StreamEvent]:
         """Streams TextEvent / SwitchEvent as text becomes final, then one FinalEvent with the whole result."""
-        plan = self.plan(
-            self.encode_messages(messages, tools, chat_template_kwargs, assistant_prefix), settings, **overrides
+        prompt_ids = self.encode_messages(
+            messages, tools, chat_template_kwargs, assistant_prefix, raw_markup=raw_markup
         )
-        return self.run_plan(plan, cancel)
+        return self.run_plan(self.plan(prompt_ids, settings, **overrides), cancel)
 
     def generate(
         self,
@@ -338,13 +372,14 @@ class RelayEngine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         assistant_prefix: str | None = None,
+        raw_markup: bool = False,
         settings: GenerationSettings | None = None,
         **overrides: Any,
     ) -> RelayResult:
         return _final(
             self.stream(
                 messages, tools=tools, chat_template_kwargs=chat_template_kwargs, assistant_prefix=assistant_prefix,
-                settings=settings, **overrides,
+                raw_markup=raw_markup, settings=settings, **overrides,
             )
         )  # fmt: skip
 
@@ -390,10 +425,13 @@ class RelayEngine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         assistant_prefix: str | None = None,
+        raw_markup: bool = False,
         settings: GenerationSettings | None = None,
         **overrides: Any,
     ) -> AsyncIterator[StreamEvent]:
-        prompt_ids = self.encode_messages(messages, tools, chat_template_kwargs, assistant_prefix)
+        prompt_ids = self.encode_messages(
+            messages, tools, chat_template_kwargs, assistant_prefix, raw_markup=raw_markup
+        )
         async for event in self.astream_plan(self.plan(prompt_ids, settings, **overrides)):
             yield event
 
@@ -404,10 +442,13 @@ class RelayEngine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         assistant_prefix: str | None = None,
+        raw_markup: bool = False,
         settings: GenerationSettings | None = None,
         **overrides: Any,
     ) -> RelayResult:
-        prompt_ids = self.encode_messages(messages, tools, chat_template_kwargs, assistant_prefix)
+        prompt_ids = self.encode_messages(
+            messages, tools, chat_template_kwargs, assistant_prefix, raw_markup=raw_markup
+        )
         return await _afinal(self.astream_plan(self.plan(prompt_ids, settings, **overrides)))
 
     async def agenerate_ids(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -9,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from .spans import ModelRole
 
-DTypeName = Literal["auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32"]
+DTypeName = Literal["auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "int8"]
 
 _DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
@@ -20,6 +22,9 @@ _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
 }
 
+# One name per dtype, so "bfloat16", "bf16" and torch.bfloat16 share one loaded copy of the weights.
+_CANONICAL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
 
 class ModelLoadError(RuntimeError):
     """A model or tokenizer could not be loaded from what the caller named."""
@@ -29,27 +34,93 @@ class TokenizerMismatchError(ValueError):
     """The two models do not share a tokenizer, so one token sequence cannot feed both."""
 
 
+class DeviceError(ValueError):
+    """A device that does not exist or that this torch cannot use (``cuda`` on a CPU-only build); ``field`` is
+    ``"device"``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.field = "device"
+
+
 def pick_device(device: str | torch.device = "auto") -> torch.device:
-    if isinstance(device, torch.device):
-        return device
-    if device == "auto":
+    """``auto`` (CUDA when present, else the CPU) or a device this torch can use now, checked before any weights
+    load: asking for ``cuda`` on a CPU-only torch is a :class:`DeviceError` naming it, not a failure mid-load."""
+    if isinstance(device, str) and device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise DeviceError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device, got {device!r}")
     try:
-        return torch.device(device)
+        chosen = torch.device(device)
     except RuntimeError as exc:
-        raise ValueError(f"unknown device {device!r}") from exc
+        raise DeviceError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from exc
+    if chosen.type == "cuda":
+        if not torch.cuda.is_available():
+            build = (
+                "without CUDA"
+                if torch.version.cuda is None
+                else f"with CUDA {torch.version.cuda}, but no GPU is visible"
+            )
+            raise DeviceError(f"device {device!r} is not available: this torch ({torch.__version__}) was built {build}")
+        count = torch.cuda.device_count()
+        if chosen.index is not None and chosen.index >= count:
+            raise DeviceError(f"device {device!r} does not exist: this machine has {count} CUDA device(s)")
+    elif chosen.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError(f"device {device!r} is not available on this machine (no Apple MPS backend)")
+    return chosen
 
 
 def pick_dtype(dtype: str | torch.dtype = "auto", device: torch.device | None = None) -> torch.dtype:
-    """``auto`` is bf16 everywhere: on CUDA it is the native fast type, and on this kind of CPU it runs ~2x faster
-    than fp32 (not bit-identical to it; ask for fp32 when exactness against an fp32 reference matters)."""
+    """The activations' dtype for ``dtype`` (see :func:`pick_weights`; ``int8`` computes in fp32)."""
+    return pick_weights(dtype, device).dtype
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How a model's weights are held: a torch dtype, or int8-quantized linear layers over fp32 activations."""
+
+    name: str
+    dtype: torch.dtype  # the activations' dtype, and the weights' unless ``quantized``
+    quantized: bool = False
+
+    @property
+    def source_dtype(self) -> torch.dtype:
+        """Which converted copy to read: an int8 model is quantized from the bf16 copy (upcast exactly to fp32)."""
+        return torch.bfloat16 if self.quantized else self.dtype
+
+
+def pick_weights(dtype: str | torch.dtype = "auto", device: torch.device | None = None) -> WeightFormat:
+    """``auto`` is bf16 everywhere: on CUDA it is the native fast type, and on CPUs it halves the bytes a decode step
+    reads (not bit-identical to fp32; ask for fp32 when exactness against an fp32 reference matters).
+
+    ``int8`` (CPU only) quantizes every linear layer to int8 with per-token dynamic activation scales (fbgemm). On
+    CPUs without native bf16 instructions (AVX2 only: see ``engine/cpu.py``) bf16 matrix products with more than one
+    row are slow, so catch-up, verification and speculation passes cost many decode steps; int8 makes a decode step
+    ~2x and an 8-position pass ~6x cheaper there (docs/benchmarks.md). It changes the numbers the model computes,
+    so its answers differ from bf16's: measure accuracy before relying on it."""
     if isinstance(dtype, torch.dtype):
-        return dtype
+        return WeightFormat(_CANONICAL.get(dtype, str(dtype).removeprefix("torch.")), dtype)
     if dtype == "auto":
-        return torch.bfloat16
+        return WeightFormat("bf16", torch.bfloat16)
+    if dtype == "int8":
+        if device is not None and device.type != "cpu":
+            raise ValueError(f"dtype 'int8' (dynamic int8 quantization) runs on the CPU only, not on {device}")
+        return WeightFormat("int8", torch.float32, quantized=True)
     if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of {['auto', *_DTYPES]}")
-    return _DTYPES[dtype]
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {['auto', *_DTYPES, 'int8']}")
+    return WeightFormat(_CANONICAL[_DTYPES[dtype]], _DTYPES[dtype])
+
+
+def quantize_linear_int8(model: PreTrainedModel) -> PreTrainedModel:
+    """Replaces the model's ``nn.Linear`` layers (the output projection included) by int8 dynamically quantized ones,
+    in place. torch marks its eager quantization API as deprecated in favour of torchao; it is the one with fast
+    AVX2 kernels (fbgemm) in the torch this package pins, so its warning is silenced here."""
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    return model
 
 
 def dtype_tag(dtype: torch.dtype) -> str:

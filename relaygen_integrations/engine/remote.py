@@ -53,7 +53,7 @@ from .cues import CueSet, cue_core
 from .endpoint import CompletionStream, Endpoint, EndpointError
 from .models import load_tokenizer, pick_dtype, resolve_reference
 from .policy import RelayPolicy
-from .settings import GenerationPlan
+from .settings import SEED_LIMIT, GenerationPlan
 from .spans import ModelRole
 from .transcript import BackendUsage, Fed, Transcript
 
@@ -164,7 +164,9 @@ class RemoteSession:
         if sampling.top_k is not None:
             body["top_k"] = sampling.top_k
         if sampling.seed is not None:
-            body["seed"] = sampling.seed + self.requests  # reproducible, and no two segments draw the same numbers
+            # Reproducible, and no two segments draw the same numbers; kept within the 64-bit range servers take.
+            seed = sampling.seed + self.requests
+            body["seed"] = seed if seed < SEED_LIMIT else seed - 2 * SEED_LIMIT
         if stops:
             body["stop"] = stops
         # The server re-reads the whole sequence; what it processed in an earlier request its prefix cache reuses.

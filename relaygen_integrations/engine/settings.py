@@ -24,20 +24,35 @@ DEFAULT_MAX_DRAFT = 6  # self-speculation's draft length for ``speculative=True`
 # The other names callers use for a setting: OpenAI's and LangChain's ``max_tokens``, LangChain's ``stop_sequences``.
 ALIASES = {"max_tokens": "max_new_tokens", "stop_sequences": "stop"}
 # torch seeds its generator from a 64-bit integer; a larger seed would fail deep inside torch.
-_SEED_BOUND = 2**63
+SEED_LIMIT = 2**63
+
+
+_SHOWN_CHARS = 80  # how much of a bad value an error message quotes
+
+
+def shown(value: Any) -> str:
+    """A bad value as an error message quotes it: its repr, cut short (a 10 MB string must not become the message)."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
 
 
 class GenerationError(ValueError):
-    """A generation request is invalid (bad settings, prompt too long for the context window, ...)."""
+    """A generation request is invalid (bad settings, messages or prompt ids, prompt too long for the context
+    window, ...). ``field`` names the input at fault where there is one (``"messages[2].content"``, ``"top_p"``)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class SettingsError(GenerationError, TypeError):
     """A setting is unknown or has a bad value; ``field`` names it. A ``TypeError`` too, as Python raises for an
     unexpected keyword argument."""
 
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
+
+class PromptError(GenerationError):
+    """Prompt token ids that no model of the pair can read (not integers, outside the vocabulary); ``field`` names
+    the first bad position (``"prompt_ids[3]"``)."""
 
 
 class SamplingParams(BaseModel):
@@ -45,10 +60,10 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    temperature: float = Field(0.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-SEED_LIMIT, lt=SEED_LIMIT)
 
     @property
     def greedy(self) -> bool:
@@ -61,10 +76,11 @@ class GenerationSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     max_new_tokens: Annotated[int, Field(gt=0, strict=True)] = 256
-    temperature: Annotated[float, Field(ge=0.0)] = 0.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    # Infinity and NaN are refused: an infinite temperature would turn every distribution uniform without a word.
+    temperature: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] = 1.0
     top_k: Annotated[int, Field(ge=1, strict=True)] | None = None
-    seed: Annotated[int, Field(ge=-_SEED_BOUND, lt=_SEED_BOUND, strict=True)] | None = None
+    seed: Annotated[int, Field(ge=-SEED_LIMIT, lt=SEED_LIMIT, strict=True)] | None = None
     stop: tuple[str, ...] = ()
     mode: Mode = "relay"
     cues: CueSet | str | tuple[str, ...] | None = None
@@ -154,7 +170,7 @@ def merge_settings(*layers: GenerationSettings | Mapping[str, Any] | None) -> Ge
         field = str(error["loc"][0]) if error["loc"] else None
         value = merged.get(field) if field else None
         message = str(error["msg"]).replace("Input should", f"{field} should", 1).removeprefix("Value error, ")
-        raise SettingsError(f"invalid setting {field}={value!r}: {message}", field) from exc
+        raise SettingsError(f"invalid setting {field}={shown(value)}: {message}", field) from exc
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..chat.model_fields import RelayModelFields
 from ..chat.relay_chat import ChatDelta, ChatRequest, astream_chat, prepare_chat, stream_chat
-from ..chat.tool_calls import InvalidToolCall, ToolCall, forced_prefix, validate_tools
+from ..chat.tool_calls import InvalidToolCall, ToolCall, check_tool_choice, validate_tools
 from ..engine.engine import RelayEngine
 from ..engine.settings import merge_settings
 from ..engine.spans import RelayResult, SwitchEvent
@@ -124,8 +124,7 @@ class RelayChatModel(RelayModelFields, BaseChatModel):
         """Renders the tools through the chat template; a forced ``tool_choice`` ("any"/"required"/a name) is
         enforced by prefilling the tool-call opening."""
         formatted = validate_tools([convert_to_openai_tool(tool) for tool in tools])
-        if tool_choice is not None and tool_choice != "none":
-            forced_prefix(tool_choice, formatted)  # fail at bind time on a name that is not bound
+        check_tool_choice(tool_choice, formatted)  # fail at bind time: a name that is not bound, forcing with no tools
         return super().bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     def with_structured_output(
@@ -168,12 +167,15 @@ class RelayChatModel(RelayModelFields, BaseChatModel):
         tool_choice = kwargs.pop("tool_choice", None)
         template_kwargs = kwargs.pop("chat_template_kwargs", self.chat_template_kwargs)
         response_format = kwargs.pop("response_format", None)
+        raw_markup = kwargs.pop("raw_markup", self.raw_markup)
         kwargs.pop("ls_structured_output_format", None)
         kwargs.pop(_RUN_KWARG, None)
         # LangChain adds a call's stop sequences to the model's own; a string is one stop sequence.
         stops = [*(self.stop or []), *_stop_list(stop), *_stop_list(kwargs.pop("stop", None))]
         settings = merge_settings(self.settings_layer(), kwargs, {"stop": stops})
-        return prepare_chat(convert_messages(messages), settings, tools, tool_choice, template_kwargs, response_format)
+        return prepare_chat(
+            convert_messages(messages), settings, tools, tool_choice, template_kwargs, response_format, raw_markup
+        )
 
     # -- LangChain entry points ---------------------------------------------------------------------------------
     def stream(
@@ -315,9 +317,9 @@ class RelayChatModel(RelayModelFields, BaseChatModel):
 
 
 def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
-    if stop is None:
-        return []
-    return [stop] if isinstance(stop, str) else list(stop)
+    """Stop sequences as the engine reads them: a string is one, None none; anything else is checked there (a
+    ``SettingsError`` naming ``stop``), before LangChain's layers are added up."""
+    return list(merge_settings({"stop": stop}).stop)
 
 
 # -- message conversion (LangChain -> chat-template dicts) ----------------------------------------------------------

@@ -38,7 +38,8 @@ from llama_index.core.llms.llm import ToolSelection
 
 from ..chat.model_fields import RelayModelFields
 from ..chat.relay_chat import ChatRequest, astream_chat, prepare_chat, stream_chat
-from ..engine.settings import GenerationSettings, merge_settings
+from ..engine.prompt import MessageError, check_text
+from ..engine.settings import GenerationSettings, merge_settings, shown
 from ..engine.spans import StreamEvent
 from .events import RelaySwitchEvent as RelaySwitchEvent
 from .events import _ChatTurn, _CompletionTurn, _last
@@ -140,19 +141,24 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
             tools=_tool_dicts(kwargs.get("tools")),
             tool_choice=kwargs.get("tool_choice"),
             chat_template_kwargs=kwargs.get("chat_template_kwargs"),
+            raw_markup=kwargs.get("raw_markup", self.raw_markup),
         )
 
     def _completion_plan(
         self, engine: RelayEngine, prompt: str, formatted: bool, kwargs: Mapping[str, Any]
     ) -> GenerationPlan:
-        """A validated plan: the chat template with one user message, or the raw prompt ids if ``formatted``."""
+        """A validated plan: the chat template with one user message, or - ``formatted`` - the prompt's own ids (a
+        formatted prompt is markup already, so its control-token strings are tokens)."""
         settings = self._settings(kwargs)
+        if not isinstance(prompt, str):
+            raise MessageError(f"the prompt must be text, got {shown(prompt)}", "prompt")
         if formatted:
+            check_text(prompt, "prompt")
             return engine.plan(engine.tokenizer.encode(prompt, add_special_tokens=False), settings)
-        return engine.plan(
-            engine.encode_messages([{"role": "user", "content": prompt}], None, kwargs.get("chat_template_kwargs")),
-            settings,
-        )
+        message = [{"role": "user", "content": prompt}]
+        raw_markup = kwargs.get("raw_markup", self.raw_markup)
+        template_kwargs = kwargs.get("chat_template_kwargs")
+        return engine.plan(engine.encode_messages(message, None, template_kwargs, raw_markup=raw_markup), settings)
 
     # -- chat --------------------------------------------------------------------------------------------------
     @llm_chat_callback()

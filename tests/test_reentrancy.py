@@ -1,0 +1,115 @@
+"""A call from inside an open stream of the same engine never waits forever: from the same thread (a stream loop, a
+token callback) it fails at once naming the open stream; from another thread or task it waits its turn and runs."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from helpers import PROMPT, chat_engine
+from langchain_core.callbacks import BaseCallbackHandler
+
+from relaygen_integrations import RelayEngine
+from relaygen_integrations.engine import EngineBusyError
+from relaygen_integrations.langchain import RelayChatModel
+
+REPLY = "We add two and three. So the answer is five. Then we are done."
+
+
+@pytest.fixture
+def engine(tokenizer) -> RelayEngine:
+    return chat_engine(tokenizer, REPLY, cues=["So "])
+
+
+def within(seconds: float, work: Callable[[], Any]) -> Any:
+    """Runs ``work`` on a watchdog thread, so that a regression fails the test instead of hanging the suite."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s: a deadlock"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def test_a_call_inside_a_stream_loop_fails_at_once_naming_the_stream(engine):
+    def nested() -> list[BaseException]:
+        errors = []
+        for _event in engine.stream(PROMPT, max_new_tokens=5):
+            try:
+                engine.generate(PROMPT, max_new_tokens=3)
+            except EngineBusyError as exc:
+                errors.append(exc)
+        return errors
+
+    errors = within(30, nested)
+    assert errors and all(isinstance(e, RuntimeError) for e in errors)
+    assert "a relay request for 5 tokens" in str(errors[0]) and "stream.close()" in str(errors[0])
+    # Once the stream is done the engine is free again, in this thread and any other.
+    assert within(30, lambda: engine.generate(PROMPT, max_new_tokens=3).usage.completion_tokens) == 3
+
+
+def test_an_open_stream_holds_the_engine_until_closed_or_collected(engine):
+    stream = engine.stream(PROMPT, max_new_tokens=30)
+    next(stream)
+    waited: dict[str, int] = {}
+    other = threading.Thread(
+        target=lambda: waited.update(n=engine.generate(PROMPT, max_new_tokens=2).usage.completion_tokens)
+    )
+    other.start()
+    other.join(0.5)
+    assert other.is_alive(), "another thread's request queues behind the open stream"
+    stream.close()
+    other.join(30)
+    assert waited == {"n": 2}
+    # An abandoned stream that is garbage-collected releases the engine too.
+    dropped = engine.stream(PROMPT, max_new_tokens=30)
+    next(dropped)
+    del dropped
+    gc.collect()
+    assert within(30, lambda: engine.generate(PROMPT, max_new_tokens=2).usage.completion_tokens) == 2
+
+
+async def test_an_async_call_inside_an_async_stream_waits_its_turn_and_runs(engine):
+    async def nested() -> list[int]:
+        inner = []
+        async for _event in engine.astream(PROMPT, max_new_tokens=5):
+            inner.append((await engine.agenerate(PROMPT, max_new_tokens=2)).usage.completion_tokens)
+        return inner
+
+    assert set(await asyncio.wait_for(nested(), timeout=30)) == {2}
+
+
+class CallsTheModelOnEachToken(BaseCallbackHandler):
+    def __init__(self, model: RelayChatModel) -> None:
+        self.model = model
+        self.errors: list[BaseException] = []
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        if self.errors:
+            return
+        try:
+            self.model.invoke("Nested question", max_tokens=2)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+
+def test_a_langchain_token_callback_calling_the_same_model_does_not_hang(engine):
+    model = RelayChatModel(engine=engine, streaming=True, max_tokens=40)
+    handler = CallsTheModelOnEachToken(model)
+    message = within(30, lambda: model.invoke("Add two and three.", config={"callbacks": [handler]}))
+    assert message.content == "We add two and three. So THE ANSWER IS FIVE. Then we are done."
+    assert len(handler.errors) == 1 and isinstance(handler.errors[0], EngineBusyError)
+    assert within(30, lambda: model.invoke("Again", max_tokens=3).content)

@@ -1,0 +1,63 @@
+"""Weight formats: dtype names, and int8 dynamic quantization (the fast CPU path on AVX2-only machines)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import tiny_qwen2
+
+from relaygen_integrations import RelayEngine
+from relaygen_integrations.engine.models import WeightFormat, pick_weights, quantize_linear_int8
+
+
+@pytest.mark.parametrize(
+    ("spec", "name", "dtype", "quantized"),
+    [
+        ("auto", "bf16", torch.bfloat16, False),
+        ("bfloat16", "bf16", torch.bfloat16, False),
+        (torch.bfloat16, "bf16", torch.bfloat16, False),
+        ("fp32", "fp32", torch.float32, False),
+        (torch.float32, "fp32", torch.float32, False),
+        ("int8", "int8", torch.float32, True),
+    ],
+)
+def test_weight_format_names_are_canonical(spec, name, dtype, quantized):
+    # One name per format: the shared-engine cache keys on it, so aliases must share one copy of the weights.
+    assert pick_weights(spec) == WeightFormat(name, dtype, quantized)
+
+
+def test_int8_reads_the_bf16_copy_and_refuses_gpus():
+    assert pick_weights("int8").source_dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="CPU only"):
+        pick_weights("int8", torch.device("cuda"))
+    with pytest.raises(ValueError, match="unknown dtype 'int4'"):
+        pick_weights("int4")
+
+
+def test_int8_quantizes_every_linear_layer_and_relay_runs_on_it(tokenizer):
+    large, small = tiny_qwen2(tokenizer, seed=1), tiny_qwen2(tokenizer, seed=2, hidden=32)
+    reference = large.lm_head.weight.detach().clone()
+    for model in (large, small):
+        quantize_linear_int8(model)
+        assert not [name for name, module in model.named_modules() if type(module) is torch.nn.Linear]
+    quantized_head = large.lm_head.weight().dequantize()
+    # Per-tensor int8: every weight within one quantization step (max |w| / 127) of the original.
+    assert (quantized_head - reference).abs().max() <= reference.abs().max() / 127
+    engine = RelayEngine.from_models(large, small, tokenizer, cues=["the"])
+    messages = [{"role": "user", "content": "Say something about the sea."}]
+    for speculative in (False, True):
+        result = engine.generate(messages, max_new_tokens=24, speculative=speculative, verify="prob:0.01")
+        assert "".join(result.text[s.start : s.end] for s in result.spans) == result.text
+        assert result.usage.large_tokens + result.usage.small_tokens == result.usage.completion_tokens == 24
+
+
+def test_from_pretrained_int8_loads_and_quantizes_a_saved_pair(tokenizer, tmp_path):
+    for role, seed in (("large", 1), ("small", 2)):
+        tiny_qwen2(tokenizer, seed=seed).to(torch.bfloat16).save_pretrained(tmp_path / role)
+        tokenizer.save_pretrained(tmp_path / role)
+    engine = RelayEngine.from_pretrained(str(tmp_path / "large"), str(tmp_path / "small"), cues="generic", dtype="int8")
+    for runner in engine.backend.runners.values():
+        assert type(runner.model.lm_head) is torch.ao.nn.quantized.dynamic.Linear
+        assert runner.model.model.embed_tokens.weight.dtype == torch.float32  # activations in fp32
+    result = engine.generate([{"role": "user", "content": "Hello"}], max_new_tokens=8)
+    assert result.usage.completion_tokens == 8
