@@ -28,6 +28,33 @@ def _cpu_flags_text(machine: dict[str, Any]) -> str:
     return f" (CPU flags: {flags}; torch CPU capability {machine['torch_cpu_capability']})"
 
 
+def render_verification(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """What verification costs, per problem, next to plain relay when it ran: the extra output-projection rows are
+    the checked tokens; the wasted small-model work is the rejected tokens; the time is in the where-the-time-goes
+    table."""
+    verified = {mode: s for mode, s in summary.items() if "checked_per_problem" in s}
+    if not verified:
+        return []
+    lines = [
+        "",
+        "Verification per problem: small segments, tokens the large model checked (each an extra output-projection"
+        " row in a catch-up pass it runs anyway), rejections, small tokens thrown away and kept.",
+        "",
+        "| mode | small segments | checked tokens | rejections | rejected tokens | kept small tokens |",
+        "|---|---|---|---|---|---|",
+    ]
+    if "small_segments_per_problem" in summary.get("relay", {}):
+        relay = summary["relay"]
+        kept = relay["small_share"] * relay["mean_tokens"]
+        lines.append(f"| relay (unverified) | {relay['small_segments_per_problem']:.1f} | – | – | – | {kept:.0f} |")
+    for mode, s in verified.items():
+        cells = [mode, f"{s['segments_per_problem']:.1f}", f"{s['checked_per_problem']:.0f}",
+                 f"{s['rejections_per_problem']:.1f}", f"{s['rejected_per_problem']:.0f}",
+                 f"{s['kept_small_per_problem']:.0f}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     config, machine, summary = report["config"], report["machine"], report["summary"]
     lines = [
@@ -64,6 +91,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             "rejected (verified relay): the small model's tokens that verification dropped (each rejected token and"
             " the rest of its segment, rewritten by the large model), as a share of all it wrote (dropped + kept).",
         ]
+    lines += render_verification(summary)
     if "relay" in summary and "r" in summary["relay"]:
         lines += ["", f"r (small/large cost per token, measured in this run) = {summary['relay']['r']:.3f}; "
                   "ideal speed-up = 1/((1−f)+f·r); speed-ups compare seconds per token."]  # fmt: skip

@@ -83,6 +83,8 @@ def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
         entry.update(
             small_share=f,
             switches_per_problem=sum(x.switches for x in mode_runs) / len(mode_runs),
+            small_segments_per_problem=sum(sp.get("model") == "small" for x in mode_runs for sp in x.spans)
+            / len(mode_runs),
             catchup_tokens_per_problem=sum(x.catchup_tokens for x in mode_runs) / len(mode_runs),
         )
         if r is not None and large is not None:
@@ -139,12 +141,27 @@ def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def verification(runs: list[Run]) -> dict[str, float]:
-    """The share of the small model's tokens that verification threw away: rejected / (rejected + kept), where
-    rejected counts each rejected token and the rest of its segment and the kept ones are the small-model tokens in
-    the final texts; and rejected tokens per problem."""
+    """What verification did and cost, per problem: small segments written (kept or cut), tokens the large model
+    checked (each one an extra row of its output projection in a catch-up pass it runs anyway), rejections, small
+    tokens thrown away, and small tokens kept. Plus the share of the small model's tokens that verification threw
+    away: rejected / (rejected + kept), where rejected counts each rejected token and the rest of its segment."""
+    n = len(runs)
     rejected = sum(r.rejected_tokens for r in runs)
-    judged = rejected + sum(r.small_tokens for r in runs)
-    return {"rejected_share": rejected / judged if judged else 0.0, "rejected_per_problem": rejected / len(runs)}
+    kept = sum(r.small_tokens for r in runs)
+    rejections = sum(1 for r in runs for span in r.spans if span.get("trigger") == "rejected")
+    small_spans = sum(1 for r in runs for span in r.spans if span.get("model") == "small")
+    return {
+        "rejected_share": rejected / (rejected + kept) if rejected + kept else 0.0,
+        "rejected_per_problem": rejected / n,
+        "checked_per_problem": sum(r.verified_tokens + r.rejected_tokens for r in runs) / n,
+        "rejections_per_problem": rejections / n,
+        # A fully rejected segment leaves no small span behind; each rejection is one segment, cut or emptied.
+        "segments_per_problem": (small_spans + sum(
+            1 for r in runs for i, span in enumerate(r.spans)
+            if span.get("trigger") == "rejected" and (i == 0 or r.spans[i - 1].get("model") != "small")
+        )) / n,
+        "kept_small_per_problem": kept / n,
+    }  # fmt: skip
 
 
 def paired_with_large(large_runs: list[Run], mode_runs: list[Run]) -> dict[str, Any]:

@@ -159,6 +159,59 @@ def test_summary_of_a_verify_mode_counts_the_rejected_share():
     assert "| mode | accuracy |" in markdown(summary) and " | drafts accepted | rejected |" in markdown(summary)
 
 
+def test_verification_cost_per_problem_counts_segments_checks_and_rejections():
+    verify = "relay+verify@greedy"
+    spans = [
+        {"model": "large", "trigger": "start"},
+        {"model": "small", "trigger": "cue:So"},
+        {"model": "large", "trigger": "rejected"},  # the small segment above was cut after some kept tokens
+        {"model": "large", "trigger": "rejected"},  # a whole segment rejected: no small span left behind
+        {"model": "small", "trigger": "cue:Thus"},
+        {"model": "large", "trigger": "sentence_end"},
+    ]
+    runs = [
+        run("large", 10.0, 100),
+        Run(
+            0,
+            verify,
+            9.0,
+            100,
+            "stop",
+            "",
+            "1",
+            "1",
+            True,
+            small_tokens=12,
+            switches=4,
+            verified_tokens=12,
+            rejected_tokens=20,
+            spans=spans,
+        ),
+        Run(
+            0,
+            "relay",
+            8.0,
+            100,
+            "stop",
+            "",
+            "1",
+            "1",
+            True,
+            small_tokens=30,
+            switches=2,
+            spans=[{"model": "large"}, {"model": "small"}, {"model": "large"}],
+        ),
+    ]
+    summary = summarize(runs, ["large", "relay", verify])
+    entry = summary[verify]
+    assert entry["checked_per_problem"] == 32 and entry["rejected_per_problem"] == 20
+    assert entry["rejections_per_problem"] == 2 and entry["segments_per_problem"] == 3
+    assert entry["kept_small_per_problem"] == 12
+    table = markdown(summary).split("Verification per problem")[1]
+    assert f"| {verify} | 3.0 | 32 | 2.0 | 20 | 12 |" in table
+    assert "| relay (unverified) | 1.0 | – | – | – | 30 |" in table
+
+
 def test_paired_view_against_large():
     large = [run("large", 1.0, 10, correct=c, problem=p) for p, c in enumerate([True, True, True, False, False])]
     # relay ran problems 0, 1, 3, 4 (not 2): both solve 0, only large solves 1, only relay solves 3, neither 4.
