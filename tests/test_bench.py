@@ -46,10 +46,19 @@ def test_answers_match_numerically():
 
 
 def run(
-    mode: str, seconds: float, tokens: int, small: int = 0, correct: bool = True, problem: int = 0, rejected: int = 0
+    mode: str,
+    seconds: float,
+    tokens: int,
+    small: int = 0,
+    correct: bool = True,
+    problem: int = 0,
+    rejected: int = 0,
+    verified: int = 0,
+    spans: list[dict] | None = None,
 ) -> Run:
     return Run(problem, mode, seconds, tokens, "stop", "", "1", "1", correct, small_tokens=small,
-               switches=2 if small else 0, rejected_tokens=rejected)  # fmt: skip
+               switches=2 if small else 0, verified_tokens=verified, rejected_tokens=rejected,
+               spans=spans or [])  # fmt: skip
 
 
 MACHINE = {"cpu": "x", "cores": 2, "threads": 2, "torch": "t", "dtype": "bf16", "device": "cpu"}
@@ -171,36 +180,8 @@ def test_verification_cost_per_problem_counts_segments_checks_and_rejections():
     ]
     runs = [
         run("large", 10.0, 100),
-        Run(
-            0,
-            verify,
-            9.0,
-            100,
-            "stop",
-            "",
-            "1",
-            "1",
-            True,
-            small_tokens=12,
-            switches=4,
-            verified_tokens=12,
-            rejected_tokens=20,
-            spans=spans,
-        ),
-        Run(
-            0,
-            "relay",
-            8.0,
-            100,
-            "stop",
-            "",
-            "1",
-            "1",
-            True,
-            small_tokens=30,
-            switches=2,
-            spans=[{"model": "large"}, {"model": "small"}, {"model": "large"}],
-        ),
+        run(verify, 9.0, 100, small=12, verified=12, rejected=20, spans=spans),
+        run("relay", 8.0, 100, small=30, spans=[{"model": "large"}, {"model": "small"}, {"model": "large"}]),
     ]
     summary = summarize(runs, ["large", "relay", verify])
     entry = summary[verify]
