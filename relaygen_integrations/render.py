@@ -72,7 +72,7 @@ def comparison_table(results: dict[str, RelayResult], reference: str) -> Table:
 def speedup_sentence(results: dict[str, RelayResult]) -> str:
     """The last run's speed per token against the first's (the demo: relay against the large model alone)."""
     (first, baseline), (last, result) = next(iter(results.items())), list(results.items())[-1]
-    rates = [r.usage.completion_tokens / r.elapsed if r.elapsed > 0 else 0.0 for r in (result, baseline)]
+    rates = [1 / cost if (cost := seconds_per_token(r)) else 0.0 for r in (result, baseline)]
     ratio = rates[0] / rates[1] if rates[1] else 0.0
     return (
         f"{last} ran at {ratio:.2f}x the speed per token of {first} on this question "
