@@ -159,7 +159,7 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
     if unknown:
         raise ValueError(f"unknown benchmark modes {unknown}; known: {sorted(modes)}")
     runs, saved_modes = load_completed_runs(config) if config.resume else ([], [])
-    done = {r.problem for r in runs}
+    done = {(r.problem, r.mode) for r in runs}
     report_modes = list(dict.fromkeys([*saved_modes, *config.modes]))
     report: dict[str, Any] = make_report(config, runs, report_modes) if runs else {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -167,12 +167,14 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
         task = progress.add_task("benchmark", total=len(records) * len(config.modes))
         progress.advance(task, sum(r.mode in config.modes for r in runs))
         for index, record in enumerate(records):
-            if index in done:
+            shift = index % len(config.modes)
+            rotated = config.modes[shift:] + config.modes[:shift]  # rotate so no mode always runs first
+            todo = [mode for mode in rotated if (index, mode) not in done]
+            if not todo:
                 continue
             messages = math_messages(record["question"])
             reference = gsm8k_reference_answer(record)
-            shift = index % len(config.modes)
-            for mode in config.modes[shift:] + config.modes[:shift]:  # rotate so no mode always runs first
+            for mode in todo:
                 progress.update(task, description=f"problem {index + 1}/{len(records)} · {mode}")
                 start = time.perf_counter()
                 text, tokens, finish, details = modes[mode](messages)
@@ -186,17 +188,17 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
                     f"{'✓' if run.correct else '✗'} pred={predicted} ref={reference} finish={finish}"
                 )
                 progress.advance(task)
-            # Outputs are rewritten after every problem: an interrupted run keeps everything it measured.
-            report = make_report(config, runs, report_modes)
-            write_outputs(report, config.out)
+                # Outputs are rewritten after every run: an interrupted benchmark keeps everything it measured.
+                report = make_report(config, runs, report_modes)
+                write_outputs(report, config.out)
     return report
 
 
 def load_completed_runs(config: BenchConfig) -> tuple[list[Run], list[str]]:
-    """The runs of problems a saved run in ``config.out`` finished in every one of ``config.modes`` (a problem is
-    the unit that runs interleaved, so a half-finished one is run again whole), and the saved run's modes. The other
-    settings must match; the mode list may shrink (e.g. to drop a slow baseline once it has enough problems) — the
-    saved runs of dropped modes stay in the report with the problems they have."""
+    """The finished runs of a saved run in ``config.out`` (a run is saved only once its generation ends, so an
+    interrupted one is simply missing and runs again), and the saved run's modes. The other settings must match; the
+    mode list may change: a dropped mode (e.g. a slow baseline with enough problems) keeps the problems it has in the
+    report, and an added one runs on the saved problems too."""
     path = config.out / "results.json"
     if not path.exists():
         return [], []
@@ -208,8 +210,7 @@ def load_completed_runs(config: BenchConfig) -> tuple[list[Run], list[str]]:
         changed = sorted(k for k in new if old.get(k) != new[k])
         raise ValueError(f"cannot resume {path}: its settings differ in {changed}")
     runs = [Run(**run) for run in saved["runs"]]
-    complete = {p for p in {r.problem for r in runs} if {r.mode for r in runs if r.problem == p} >= set(config.modes)}
-    return [r for r in runs if r.problem in complete and r.problem < config.n], list(saved["config"]["modes"])
+    return [r for r in runs if r.problem < config.n], list(saved["config"]["modes"])
 
 
 def make_report(config: BenchConfig, runs: list[Run], modes: list[str] | None = None) -> dict[str, Any]:

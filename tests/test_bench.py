@@ -126,6 +126,15 @@ def test_benchmark_writes_every_output(tmp_path, tokenizer):
     )
     assert sorted(r["mode"] for r in fewer["runs"] if r["problem"] == 3) == ["large", "relay"]
     assert fewer["summary"]["small"]["n"] == 3 and fewer["summary"]["large"]["n"] == 4
+    # An added mode runs on every saved problem; nothing already measured runs again.
+    more_modes = run_benchmark(
+        config.model_copy(update={"n": 4, "resume": True, "modes": ["large", "relay", "relay+verify@greedy"]}),
+        engine=engine,
+    )
+    assert more_modes["runs"][: len(fewer["runs"])] == fewer["runs"]
+    added = more_modes["runs"][len(fewer["runs"]) :]
+    assert [(r["problem"], r["mode"]) for r in added] == [(p, "relay+verify@greedy") for p in range(4)]
+    assert more_modes["config"]["modes"] == ["large", "small", "relay", "reprompt", "relay+verify@greedy"]
     with pytest.raises(ValueError, match="max_new_tokens"):
         run_benchmark(config.model_copy(update={"max_new_tokens": 7, "resume": True}), engine=engine)
     report = json.loads((tmp_path / "results.json").read_text())
