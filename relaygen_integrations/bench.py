@@ -34,6 +34,7 @@ from .bench_summary import is_verify_mode as is_verify_mode
 from .bench_summary import summarize as summarize
 from .engine.cpu import cpu_model_and_flags
 from .engine.engine import GenerationError, RelayEngine
+from .engine.kv import CacheOptions
 from .engine.settings import merge_settings
 from .prompts import answers_match as answers_match
 from .prompts import extract_answer as extract_answer
@@ -48,6 +49,8 @@ class BenchConfig(BaseModel):
     small: str = "demo"
     cues: str | list[str] = "auto"
     dtype: str = "bf16"
+    kv_cache: str = "auto"  # the engine's KV cache: dynamic (default), static; compile implies static
+    compile: bool = False  # compiled one-token decode steps (engine/kv.py)
     max_new_tokens: int = Field(768, ge=1)
     temperature: float = 0.0
     seed: int | None = 0
@@ -153,7 +156,10 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
     records = load_gsm8k(config.data)[: config.n]
     if not records:
         raise ValueError(f"no problems to run in {config.data}")
-    engine = engine or RelayEngine.from_pretrained(config.large, config.small, cues=config.cues, dtype=config.dtype)
+    engine = engine or RelayEngine.from_pretrained(
+        config.large, config.small, cues=config.cues, dtype=config.dtype, kv_cache=config.kv_cache,  # type: ignore[arg-type]
+        compile=config.compile,
+    )  # fmt: skip
     modes = make_modes(engine, config)
     unknown = [m for m in config.modes if m not in modes]
     if unknown:
@@ -204,7 +210,8 @@ def load_completed_runs(config: BenchConfig) -> tuple[list[Run], list[str]]:
         return [], []
     saved = json.loads(path.read_text())
     ignored = {"n", "resume", "out", "modes"}
-    old = {k: v for k, v in saved["config"].items() if k not in ignored}
+    # Settings added since the run was saved count as their defaults (what the saved run used).
+    old = {k: v for k, v in json.loads(BenchConfig(**saved["config"]).model_dump_json()).items() if k not in ignored}
     new = {k: v for k, v in json.loads(config.model_dump_json()).items() if k not in ignored}
     if old != new:
         changed = sorted(k for k in new if old.get(k) != new[k])
@@ -241,4 +248,5 @@ def machine_info(config: BenchConfig) -> dict[str, Any]:
     cpu, flags = cpu_model_and_flags()
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cpu_flags": list(flags), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "dtype": config.dtype, "device": "cuda" if torch.cuda.is_available() else "cpu"}  # fmt: skip
+            "dtype": config.dtype, "kv_cache": CacheOptions(kv_cache=config.kv_cache, compile=config.compile).label,  # type: ignore[arg-type]
+            "device": "cuda" if torch.cuda.is_available() else "cpu"}  # fmt: skip

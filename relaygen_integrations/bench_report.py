@@ -62,6 +62,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['threads']} torch threads, torch "
         f"{machine['torch']}, {machine['dtype']} on {machine['device']}"
+        f"{', ' + machine['kv_cache'] + ' KV cache' if 'kv_cache' in machine else ''}"
         f"{_cpu_flags_text(machine)}. "
         f"{'Greedy' if not config['temperature'] else 'T=' + str(config['temperature'])}, "
         f"max {config['max_new_tokens']}"

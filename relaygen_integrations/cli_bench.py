@@ -23,6 +23,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--small", default="demo")
     parser.add_argument("--cues", default="auto")
     parser.add_argument("--dtype", default="bf16", help="bf16 | fp32 | int8 (CPU: int8-quantized linear layers)")
+    parser.add_argument("--kv-cache", choices=("auto", "dynamic", "static"), default="auto", help="KV cache layout")
+    parser.add_argument("--compile", action="store_true", help="compile the one-token decode steps (static cache)")
     parser.add_argument("--max-new-tokens", type=int, default=768)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/latest"))
@@ -50,6 +52,8 @@ def run_bench(args: argparse.Namespace) -> int:
         small=args.small,
         cues=[c for c in args.cues.split(",") if c] if "," in args.cues else args.cues,
         dtype=args.dtype,
+        kv_cache=args.kv_cache,
+        compile=args.compile,
         max_new_tokens=48 if args.quick else args.max_new_tokens,
         temperature=args.temperature,
         out=args.out,

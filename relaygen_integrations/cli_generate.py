@@ -22,6 +22,11 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cues", default="auto", help="auto | qwen3 | r1 | generic | none | comma list | profile.json")
     parser.add_argument("--dtype", default="auto", help="auto (bf16) | bf16 | fp32 | int8 (CPU: int8 linear layers)")
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the one-token decode steps (static KV cache; GPU: CUDA graphs)",
+    )
     parser.add_argument("--mode", default="relay", choices=list(MODES))
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -93,7 +98,7 @@ def _load(args: argparse.Namespace, console: Console) -> tuple[Any, GenerationSe
         }
     )  # fmt: skip
     with console.status("loading the model pair (first use fetches it) ..."):
-        engine = RelayEngine.shared(args.large, args.small, device=args.device, dtype=args.dtype)
+        engine = RelayEngine.shared(args.large, args.small, device=args.device, dtype=args.dtype, compile=args.compile)
     if _bf16_without_bf16_instructions(engine):
         console.print(
             "[dim]this CPU has no native bf16 instructions (AVX2 only): --dtype int8 runs the pair about 2x faster "

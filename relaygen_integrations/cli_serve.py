@@ -28,6 +28,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default=None, help="with --single: pair role (demo:small), hub id or local dir")
     parser.add_argument("--dtype", default="auto", help="auto (bf16) | bf16 | fp32 | int8 (CPU: int8 linear layers)")
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the one-token decode steps (static KV cache; GPU: CUDA graphs)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
@@ -85,8 +90,9 @@ def run_serve(args: argparse.Namespace) -> int:
         app = create_single_app(model, load_tokenizer(reference), served_model_name=name, api_key=args.api_key)
     else:
         engine = RelayEngine.from_pretrained(
-            args.large, args.small, cues=_cues_arg(args.cues), device=args.device, dtype=args.dtype
-        )
+            args.large, args.small, cues=_cues_arg(args.cues), device=args.device, dtype=args.dtype,
+            compile=args.compile,
+        )  # fmt: skip
         name = args.served_model_name or "relaygen"
         app = create_app(engine, served_model_name=name, api_key=args.api_key, max_tokens_cap=args.max_tokens_cap)
     run_server(app, args.host, args.port)

@@ -32,7 +32,7 @@ def test_generate_json(scripted, capsys):
     assert out["text"] == "We add two and three. So THE ANSWER IS FIVE. Then we are done."
     assert [s["model"] for s in out["spans"]] == ["large", "small", "large"]
     assert out["usage"]["switches"] == 2 and out["finish_reason"] == "stop"
-    assert scripted[0][2] == {"device": "auto", "dtype": "auto"}  # the weights are shared whatever the cues
+    assert scripted[0][2] == {"device": "auto", "dtype": "auto", "compile": False}  # shared whatever the cues
 
 
 def test_generate_cues_apply_per_request(scripted, capsys):

@@ -98,7 +98,7 @@ def test_construction_is_lazy_and_equal_configs_share_one_engine(monkeypatch, to
 
     assert first.engine is second.engine
     assert len(loads) == 1
-    assert loads[0] == ("some/large", "some/small", {"device": "auto", "dtype": "auto"})
+    assert loads[0] == ("some/large", "some/small", {"device": "auto", "dtype": "auto", "compile": False})
     # Cues are per request: a model that differs only in cues shares the weights, and its requests carry its cues.
     assert other.engine is first.engine and len(loads) == 1
     assert other._settings({}).cues == ("Thus",) and first._settings({}).cues == ("So ",)

@@ -32,6 +32,10 @@ class RelayModelFields(BaseModel):
     )
     device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     dtype: str = Field(default="auto", description="'auto', 'bf16', 'fp16', 'fp32' or 'int8' (CPU only).")
+    compile: bool = Field(
+        default=False,
+        description="Compile each model's one-token decode step over a static KV cache (CUDA graphs on a GPU).",
+    )
     temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
     max_tokens: int = Field(
         default=256,
@@ -96,5 +100,7 @@ class RelayModelFields(BaseModel):
         if self._engine is None:
             from ..engine.engine import RelayEngine
 
-            self._engine = RelayEngine.shared(self.large, self.small, device=self.device, dtype=self.dtype)
+            self._engine = RelayEngine.shared(
+                self.large, self.small, device=self.device, dtype=self.dtype, compile=self.compile
+            )
         return self._engine

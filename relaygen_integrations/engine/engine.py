@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from .backend import Backend, BackendCapabilityError
 from .cues import CueConfigError, CueSet, resolve_cues
 from .generate import drive
 from .guard import EngineBusyError, RequestLock, check_prompt_ids, policy_config
+from .kv import KVCacheKind, cache_options
 from .local import LocalBackend
 from .models import (
     check_tokenizers_match,
@@ -112,15 +114,19 @@ class RelayEngine:
         reuse_prefix: bool = True,
         speculative: bool | int = False,
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+        kv_cache: KVCacheKind = "auto",
+        compile: bool = False,
     ) -> RelayEngine:
-        """An engine over two loaded transformers models (the small one may be None: mode ``large`` only)."""
+        """An engine over two loaded transformers models (the small one may be None: mode ``large`` only).
+        ``kv_cache="static"`` preallocates each model's KV cache; ``compile=True`` (static cache implied) compiles
+        the one-token decode step - CUDA graphs on a GPU (see ``engine/kv.py``)."""
         if isinstance(draft_confidence, bool) or not isinstance(draft_confidence, (int, float)):
             raise GenerationError(f"draft_confidence must be a probability in [0, 1], got {draft_confidence!r}")
         if not 0.0 <= draft_confidence <= 1.0:
             raise GenerationError(f"draft_confidence must be a probability in [0, 1], got {draft_confidence!r}")
         backend = LocalBackend(
             large, small, tokenizer, large_name=large_name, small_name=small_name, reuse_prefix=reuse_prefix,
-            draft_confidence=float(draft_confidence),
+            draft_confidence=float(draft_confidence), cache=cache_options(kv_cache, compile),
         )  # fmt: skip
         return cls(backend, tokenizer, cues, policy, pair_name=pair_name, speculative=speculative)
 
@@ -139,6 +145,8 @@ class RelayEngine:
         reuse_prefix: bool = True,
         speculative: bool | int = False,
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+        kv_cache: KVCacheKind = "auto",
+        compile: bool = False,
     ) -> RelayEngine:
         """Loads both models (a known pair name such as ``"demo"``, a local directory, or a hub id).
 
@@ -167,6 +175,8 @@ class RelayEngine:
             reuse_prefix=reuse_prefix,
             speculative=speculative,
             draft_confidence=draft_confidence,
+            kv_cache=kv_cache,
+            compile=compile,
         )
 
     @classmethod
@@ -182,7 +192,10 @@ class RelayEngine:
         such as ``trust_remote_code``), loaded on first use. Cues, policy and speculation are per request, so
         adapters that differ only in those share the weights."""
         torch_device = pick_device(device)  # "auto" and what it resolves to must share one copy
-        key = (large, small, str(torch_device), pick_weights(dtype, torch_device).name, *sorted(options.items()))
+        # An option passed at its default (``compile=False``) must share the copy loaded without it.
+        defaults = {name: p.default for name, p in inspect.signature(cls.from_pretrained).parameters.items()}
+        chosen = sorted((k, v) for k, v in options.items() if k not in defaults or v != defaults[k])
+        key = (large, small, str(torch_device), pick_weights(dtype, torch_device).name, *chosen)
         with _SHARED_LOCK:
             engine = _SHARED_ENGINES.get(key)
             if engine is None:

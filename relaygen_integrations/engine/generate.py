@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from .backend import GenerationSession
 from .runner import ModelRunner
 from .sampling import Sampler
+from .settings import MAX_DRAFT_LIMIT
 from .spans import ModelRole, StreamEvent
 from .speculative import DEFAULT_DRAFT_CONFIDENCE, DraftLength, SpeculationStats, speculative_step
 from .transcript import BackendUsage, Fed, Transcript
@@ -93,9 +94,14 @@ class LocalSession:
         self.speculation = speculation
         self.pending: int | None = None
         prompt_ids = transcript.ids[: transcript.prompt_len]
+        # Positions the request may reach: its budget plus a draft beyond it (sizes a static cache once).
+        expected_len = transcript.prompt_len + (transcript.max_new_tokens or 0) + MAX_DRAFT_LIMIT + 1
         for role, runner in runners.items():
             runner.begin_request(
-                prompt_ids, reuse_prefix, lambda start, end, role=role: transcript.account_forward(role, start, end)
+                prompt_ids,
+                reuse_prefix,
+                lambda start, end, role=role: transcript.account_forward(role, start, end),
+                expected_len=expected_len,
             )
 
     def verify(self) -> None:

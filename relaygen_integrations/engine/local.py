@@ -9,6 +9,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .backend import BackendCapabilityError
 from .calibrate import token_margins
 from .generate import LocalSession, Speculation
+from .kv import CacheOptions
 from .models import context_window, eos_token_ids
 from .runner import ModelRunner
 from .sampling import Sampler
@@ -35,11 +36,13 @@ class LocalBackend:
         small_name: str = "small",
         reuse_prefix: bool = True,
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+        cache: CacheOptions | None = None,
     ) -> None:
         self.large_name, self.small_name = large_name, small_name
-        self.runners: dict[ModelRole, ModelRunner] = {"large": ModelRunner("large", large)}
+        self.cache_options = cache or CacheOptions()
+        self.runners: dict[ModelRole, ModelRunner] = {"large": ModelRunner("large", large, self.cache_options)}
         if small is not None:
-            self.runners["small"] = ModelRunner("small", small)
+            self.runners["small"] = ModelRunner("small", small, self.cache_options)
         self.eos_ids = eos_token_ids(large, tokenizer)
         self.context_window = context_window(large)
         self.reuse_prefix = reuse_prefix

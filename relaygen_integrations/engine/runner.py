@@ -4,6 +4,8 @@ A runner knows which token ids its cache holds (``cached_ids``). Asking it for t
 forward-passes only the tokens it has not seen yet - the prompt once, a decode step's single token, or at a switch
 the other model's whole segment in one catch-up pass. A new request that shares a prefix with what the cache holds
 (a chat's system prompt, an agent's growing history) crops the cache back to that prefix instead of re-prefilling it.
+The cache is transformers' ``DynamicCache`` or, with ``CacheOptions(kv_cache="static")``, a preallocated
+``StaticCache`` whose one-token step can be compiled (``.kv``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
 
+from .kv import CacheOptions, check_static_support, compile_decode_step, ensure_cache, rewind
 from .spans import ModelRole
 
 # Told of every forward pass over committed ids ``[start, end)`` (the transcript counts prefill / catch-up from it).
@@ -31,42 +35,60 @@ class ForwardStats:
     draft_tokens: int = 0  # speculation: tokens this (small) runner proposed for the large model
     verified_tokens: int = 0  # speculation: draft tokens this (large) runner checked in its verify passes
     forward_seconds: float = 0.0  # wall time inside this model's forward passes (where a request's time went)
+    compiled_steps: int = 0  # one-token steps that ran the compiled forward (``compile=True``)
 
 
 @dataclass
 class ModelRunner:
     role: ModelRole
     model: PreTrainedModel
-    cache: DynamicCache | None = None
+    options: CacheOptions = field(default_factory=CacheOptions)
+    cache: Cache | None = None
     cached_ids: list[int] = field(default_factory=list)
     last_logits: torch.Tensor | None = None  # next-token logits after ``cached_ids``
     stats: ForwardStats = field(default_factory=ForwardStats)
     on_forward: ForwardObserver | None = None
+    reserved: int = 0  # positions the current request expects to need (a static cache is sized for them up front)
     cache_kwarg: str = field(init=False)
+    decode_step: Callable[..., object] | None = field(init=False, default=None)  # compiled one-token forward
 
     def __post_init__(self) -> None:
         # transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name warns, then goes away in 5.40).
         params = inspect.signature(self.model.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        if self.options.static:
+            check_static_support(self.model)
+        if self.options.compile:
+            self.decode_step = compile_decode_step(self.model)  # compiles lazily, at the first one-token step
 
     @property
     def device(self) -> torch.device:
         return self.model.device
 
     def reset(self) -> None:
-        """Forgets everything cached (used after an error, so no half-updated state survives)."""
-        self.cache = None
+        """Forgets everything cached (used after an error, so no half-updated state survives). A static cache keeps
+        its buffers (a compiled step is bound to them) and only moves every layer back to position 0."""
+        if self.options.static and self.cache is not None:
+            rewind(self.cache, 0)
+        else:
+            self.cache = None
         self.cached_ids = []
         self.last_logits = None
 
     def begin_request(
-        self, prompt_ids: list[int], reuse_prefix: bool, on_forward: ForwardObserver | None = None
+        self,
+        prompt_ids: list[int],
+        reuse_prefix: bool,
+        on_forward: ForwardObserver | None = None,
+        expected_len: int = 0,
     ) -> None:
         """Keeps the longest cached prefix shared with the new prompt (minus one token, so there is always at
-        least one token to forward and fresh logits to sample from); drops the rest with ``DynamicCache.crop``.
-        ``on_forward`` is told of each forward pass over the request's committed ids."""
+        least one token to forward and fresh logits to sample from); drops the rest with ``Cache.crop``.
+        ``on_forward`` is told of each forward pass over the request's committed ids; ``expected_len`` is how many
+        positions the request may reach (prompt, budget, draft), so a static cache is sized once."""
         self.stats = ForwardStats()
         self.on_forward = on_forward
+        self.reserved = expected_len
         keep = 0
         if reuse_prefix and self.cache is not None:
             limit = min(len(self.cached_ids), len(prompt_ids) - 1)
@@ -76,8 +98,7 @@ class ModelRunner:
             self.reset()
             return
         if keep < len(self.cached_ids):
-            # A negative count means "remove this many": the one form every transformers 5.x release accepts.
-            self.cache.crop(keep - len(self.cached_ids))  # type: ignore[union-attr]
+            rewind(self.cache, keep)  # type: ignore[arg-type]
             del self.cached_ids[keep:]
             self.last_logits = None
         self.stats.reused_tokens = keep
@@ -135,7 +156,7 @@ class ModelRunner:
             if keep == 0:
                 self.reset()
                 return
-            self.cache.crop(keep - len(self.cached_ids))  # type: ignore[union-attr]
+            rewind(self.cache, keep)  # type: ignore[arg-type]
             del self.cached_ids[keep:]
             self.last_logits = None
 
@@ -152,13 +173,24 @@ def forward_tokens(runner: ModelRunner, new_ids: list[int], keep: int = 1) -> to
 
     ``logits_to_keep`` matters: a 32-token catch-up would otherwise project all 32 positions onto a 152k vocab.
     """
-    if runner.cache is None:
-        runner.cache = DynamicCache(config=runner.model.config)
+    seen = len(runner.cached_ids)
+    needed = max(seen + len(new_ids), runner.reserved)
+    runner.cache = ensure_cache(runner.cache, runner.model, runner.options, needed, seen)
     input_ids = torch.tensor([new_ids], dtype=torch.long, device=runner.device)
-    kwargs = {runner.cache_kwarg: runner.cache}
+    kwargs: dict[str, object] = {runner.cache_kwarg: runner.cache}
+    forward: Callable[..., object] = runner.model
+    compiled = runner.decode_step is not None and len(new_ids) == 1 and keep == 1
+    if runner.options.static:
+        # Positions are explicit: a rewound static cache still holds stale slots, which only positions can mask.
+        kwargs["position_ids"] = torch.arange(seen, seen + len(new_ids), device=runner.device)[None]
+        if compiled:
+            forward = runner.decode_step  # type: ignore[assignment]
+            runner.stats.compiled_steps += 1
     started = time.perf_counter()
-    output = runner.model(input_ids=input_ids, use_cache=True, logits_to_keep=keep, **kwargs)
-    logits = output.logits[0, -1].float() if keep == 1 else output.logits[0, -keep:].float()
+    output = forward(input_ids=input_ids, use_cache=True, logits_to_keep=keep, **kwargs)
+    logits = output.logits[0, -1].float() if keep == 1 else output.logits[0, -keep:].float()  # type: ignore[attr-defined]
+    if compiled:
+        logits = logits.clone()  # a CUDA graph's outputs are overwritten by its next replay
     if logits.device.type == "cuda":
         # Kernels run asynchronously; the sampler would wait for them right after anyway, so timing here costs nothing.
         torch.cuda.synchronize(logits.device)

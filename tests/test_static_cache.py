@@ -1,0 +1,157 @@
+"""The static-cache runner (``kv_cache="static"``) and its compiled decode step (``compile=True``) write exactly the
+eager ``DynamicCache`` runner's tokens on an fp32 pair: every mode, with and without speculation, verified relay's
+rejections and the policy's look-ahead rollbacks, prefix reuse across requests, and a cache that must grow."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+import torch
+from helpers import tiny_qwen2
+
+from relaygen_integrations import RelayEngine
+from relaygen_integrations.engine.kv import CacheOptions, static_capacity
+from relaygen_integrations.engine.settings import GenerationError
+
+MESSAGES = [{"role": "user", "content": "Tell me about the sea and the sky."}]
+CASES = [
+    ("relay", {}),
+    ("large", {}),
+    ("small", {}),
+    ("relay", {"speculative": 4}),
+    ("large", {"speculative": 4}),
+    ("relay", {"verify": "greedy"}),
+    ("relay", {"verify": "prob:0.3", "speculative": 3}),
+]
+
+
+@pytest.fixture(scope="module")
+def pair(tokenizer):
+    return tiny_qwen2(tokenizer, seed=1, hidden=64, layers=2), tiny_qwen2(tokenizer, seed=2, hidden=32, layers=1)
+
+
+@pytest.fixture(scope="module")
+def cues(tokenizer, pair):
+    """Words the large model writes: random weights seldom write English, so cues must come from its own text."""
+    probe = RelayEngine.from_models(*pair, tokenizer, cues=[])
+    text = probe.generate(MESSAGES, max_new_tokens=40, mode="large").text
+    return sorted(set(re.findall(r"(?<![\w])[A-Za-z]{2,}(?![\w])", text)))
+
+
+@pytest.fixture
+def engine_over(tokenizer, pair, cues):
+    def build(**cache) -> RelayEngine:
+        return RelayEngine.from_models(
+            *pair, tokenizer, cues=cues, policy={"min_large_tokens": 1, "max_small_tokens": 4}, draft_confidence=0.0,
+            **cache,
+        )  # fmt: skip
+
+    return build
+
+
+def outcome(result):
+    return result.completion_ids, [(s.model, s.text) for s in result.spans], result.usage.rejected_tokens
+
+
+@pytest.mark.parametrize(("mode", "settings"), CASES)
+def test_static_cache_writes_the_eager_runners_tokens(engine_over, mode, settings):
+    eager, static = engine_over(), engine_over(kv_cache="static")
+    prompt_ids = eager.encode_messages(MESSAGES)
+    expected = eager.generate_ids(prompt_ids, max_new_tokens=40, mode=mode, **settings)
+    got = static.generate_ids(prompt_ids, max_new_tokens=40, mode=mode, **settings)
+    assert outcome(got) == outcome(expected)
+    assert all(runner.options.static for runner in static.backend.runners.values())
+
+
+def test_the_cases_cover_switches_rollbacks_and_rejections(engine_over):
+    """The exactness above means something only if the runs switch, roll back and reject."""
+    engine = engine_over()
+    prompt_ids = engine.encode_messages(MESSAGES)
+    relay = engine.generate_ids(prompt_ids, max_new_tokens=40)
+    assert relay.usage.small_tokens > 0 and len({s.model for s in relay.spans}) == 2
+    verified = engine.generate_ids(prompt_ids, max_new_tokens=40, verify="greedy")
+    assert verified.usage.rejected_tokens > 0
+
+
+def test_a_static_cache_is_reused_across_requests_and_grows_when_outrun(engine_over):
+    engine = engine_over(kv_cache="static")
+    eager = engine_over()
+    prompt_ids = engine.encode_messages(MESSAGES)
+    first = engine.generate_ids(prompt_ids, max_new_tokens=8, mode="large")
+    runner = engine.backend.runners["large"]
+    cache, size = runner.cache, static_capacity(runner.cache)
+    # The same conversation, continued: the cached prefix is reused, and the buffers stay the same.
+    longer = prompt_ids + first.completion_ids
+    second = engine.generate_ids(longer, max_new_tokens=8, mode="large")
+    assert second.usage.reused_prefix_tokens > 0 and runner.cache is cache
+    assert second.completion_ids == eager.generate_ids(longer, max_new_tokens=8, mode="large").completion_ids
+    # A larger budget outruns the block the cache was sized for: it grows, copying the reused prefix, and the
+    # tokens stay the eager runner's.
+    grown = engine.generate_ids(longer, max_new_tokens=250, mode="large")
+    assert grown.usage.reused_prefix_tokens > 0 and static_capacity(runner.cache) > size
+    assert grown.completion_ids == eager.generate_ids(longer, max_new_tokens=250, mode="large").completion_ids
+
+
+def test_a_failed_request_leaves_a_static_cache_usable(engine_over):
+    engine = engine_over(kv_cache="static")
+    prompt_ids = engine.encode_messages(MESSAGES)
+    expected = engine_over().generate_ids(prompt_ids, max_new_tokens=12, mode="large")
+    stream = engine.stream_ids(prompt_ids, max_new_tokens=12, mode="large")
+    next(stream)
+    stream.close()  # an abandoned stream, then a fresh request
+    runner = engine.backend.runners["large"]
+    runner.reset()
+    assert runner.cache is not None and int(runner.cache.layers[0].get_seq_length()) == 0
+    assert engine.generate_ids(prompt_ids, max_new_tokens=12, mode="large").completion_ids == expected.completion_ids
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"kv_cache": "paged"}, "kv_cache"),
+        ({"compile": "yes"}, "compile"),
+        ({"kv_cache": "dynamic", "compile": True}, "compile"),
+    ],
+)
+def test_bad_cache_settings_are_typed_errors_naming_the_field(engine_over, options, field):
+    with pytest.raises(GenerationError) as caught:
+        engine_over(**options)
+    assert caught.value.field == field
+
+
+def test_cache_options_say_what_they_run():
+    assert CacheOptions().label == "dynamic" and CacheOptions(kv_cache="static").label == "static"
+    assert CacheOptions(compile=True).label == "static+compiled" and CacheOptions(compile=True).static
+
+
+@pytest.mark.compiled
+@pytest.mark.parametrize(("mode", "settings"), [CASES[0], CASES[3], CASES[6]])
+def test_the_compiled_step_writes_the_eager_runners_tokens(engine_over, mode, settings):
+    torch._dynamo.reset()
+    eager, compiled = engine_over(), engine_over(compile=True)
+    prompt_ids = eager.encode_messages(MESSAGES)
+    expected = eager.generate_ids(prompt_ids, max_new_tokens=32, mode=mode, **settings)
+    got = compiled.generate_ids(prompt_ids, max_new_tokens=32, mode=mode, **settings)
+    assert outcome(got) == outcome(expected)
+    # One-token steps run compiled: the large model's own steps, the small model's segments and drafts (under
+    # speculation the large model only runs multi-position verify passes, which stay eager).
+    steps = {role: runner.stats.compiled_steps for role, runner in compiled.backend.runners.items()}
+    assert steps["small"] > 0 and (steps["large"] > 0 or "speculative" in settings)
+
+
+def test_an_option_at_its_default_shares_the_engine_loaded_without_it(monkeypatch):
+    loads = []
+
+    @functools.wraps(RelayEngine.from_pretrained.__func__)  # keeps the signature (and so its defaults)
+    def load(cls, **kwargs):
+        loads.append(kwargs)
+        return object()
+
+    monkeypatch.setattr(RelayEngine, "from_pretrained", classmethod(load))
+    monkeypatch.setattr("relaygen_integrations.engine.engine._SHARED_ENGINES", {})
+    plain = RelayEngine.shared("a", "b", device="cpu", dtype="fp32")
+    assert RelayEngine.shared("a", "b", device="cpu", dtype="fp32", compile=False) is plain
+    assert RelayEngine.shared("a", "b", device="cpu", dtype="fp32", compile=True) is not plain
+    assert len(loads) == 2 and loads[1]["compile"] is True
