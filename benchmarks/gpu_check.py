@@ -11,6 +11,7 @@ shapes stand in (speed only: their text is noise).
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import time
 from collections.abc import Callable
@@ -60,24 +61,29 @@ def timed(device: torch.device, fn: Callable[[], object]) -> float:
 
 
 def decode_ms(model: torch.nn.Module, device: torch.device, steps: int, variant: str) -> float:
-    """Median ms per one-token step after a 256-token prefill, for ``eager`` / ``static`` / ``compiled``."""
+    """Median ms per one-token step after a 256-token prefill, for ``eager`` / ``static`` / ``compiled``. The static
+    variants use the engine's own block-rounded cache size and compiled step (``engine/kv.py``), so the engine runs
+    below find the compiled graph in inductor's cache instead of compiling it again."""
+    from relaygen_integrations.engine.kv import DEFAULT_BLOCK, capacity, compile_decode_step
+
     prompt = torch.randint(1000, 20000, (1, 256), device=device)
     if variant == "eager":
         cache: DynamicCache | StaticCache = DynamicCache(config=model.config)
     else:
-        cache = StaticCache(config=model.config, max_cache_len=256 + steps + 8)
-    forward = model.forward
-    if variant == "compiled":
-        forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        cache = StaticCache(config=model.config, max_cache_len=capacity(256 + steps + 8, DEFAULT_BLOCK))
+    forward = compile_decode_step(model) if variant == "compiled" else model
+    kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.inference_mode():
-        model(prompt, past_key_values=cache, use_cache=True, cache_position=torch.arange(256, device=device))
+        model(prompt, use_cache=True, position_ids=torch.arange(256, device=device)[None], **{kwarg: cache})
         token, times = prompt[:, -1:], []
         for step in range(steps + 3):  # the first calls compile / capture: not timed
-            position = torch.tensor([256 + step], device=device)
+            position = torch.tensor([[256 + step]], device=device)
 
             def one(position: torch.Tensor = position) -> None:
                 nonlocal token
-                out = forward(input_ids=token, past_key_values=cache, use_cache=True, cache_position=position)
+                out = forward(
+                    input_ids=token, use_cache=True, position_ids=position, logits_to_keep=1, **{kwarg: cache}
+                )
                 token = out.logits[:, -1:].argmax(-1)
 
             seconds = timed(device, one)
@@ -90,12 +96,12 @@ def pass_steps(model: torch.nn.Module, device: torch.device) -> dict[int, float]
     """A forward over k positions (eager, DynamicCache, all logits kept) in one-token steps."""
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        model(torch.randint(1000, 20000, (1, 256), device=device), past_key_values=cache, use_cache=True)
+        model(torch.randint(1000, 20000, (1, 256), device=device), cache=cache, use_cache=True)
         costs: dict[int, list[float]] = {k: [] for k in (1, 4, 8, 32)}
         for _ in range(5):
             for k in costs:
                 ids = torch.randint(1000, 20000, (1, k), device=device)
-                costs[k].append(timed(device, lambda ids=ids, k=k: model(ids, past_key_values=cache, logits_to_keep=k)))
+                costs[k].append(timed(device, lambda ids=ids, k=k: model(ids, cache=cache, logits_to_keep=k)))
                 cache.crop(-k)
     one = statistics.median(costs[1])
     return {k: statistics.median(v) / one for k, v in costs.items()}
@@ -107,6 +113,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--tiny", action="store_true", help="tiny random models (a smoke test of this script)")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
+    parser.add_argument("--tokens", type=int, default=0, help="tokens per engine run (default: 256 GPU, 96 CPU)")
+    parser.add_argument("--skip-engine", action="store_true", help="only the per-step and per-pass costs")
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16
@@ -128,12 +136,13 @@ def main() -> None:
     for role, model in models.items():
         steps = pass_steps(model, device)
         print(f"| {role} | " + " | ".join(f"{steps[k]:.2f}" for k in (1, 4, 8, 32)) + " |")
-    if pair is not None:
-        engine_speeds(pair)
+    if pair is not None and not args.skip_engine:
+        engine_speeds(pair, args.compile, args.tokens or (256 if device.type == "cuda" else 96))
 
 
-def engine_speeds(models: dict[str, torch.nn.Module]) -> None:
-    """The engine's own loop (eager DynamicCache runner) on a GSM8K question, with the demo pair's weights."""
+def engine_speeds(models: dict[str, torch.nn.Module], compile: bool, max_new_tokens: int) -> None:
+    """The engine's own loop on a GSM8K question with the demo pair's weights: large / relay / relay-spec, with the
+    eager DynamicCache runner and (``compile``) the static-cache runner with compiled one-token steps."""
     from relaygen_integrations import RelayEngine
     from relaygen_integrations.engine.models import load_tokenizer
     from relaygen_integrations.prompts import load_gsm8k, math_messages
@@ -142,23 +151,28 @@ def engine_speeds(models: dict[str, torch.nn.Module]) -> None:
     paths = pair_paths("demo", "bf16")
     assert paths is not None
     tokenizer = load_tokenizer(str(paths.large))
-    engine = RelayEngine.from_models(
-        models["large"],
-        models["small"],
-        tokenizer,
-        cues="auto",
-        pair_name="demo",  # type: ignore[arg-type]
-    )
     messages = math_messages(load_gsm8k()[0]["question"])
-    print("\n| engine mode (eager) | tokens | tok/s | vs large |")
-    print("|---|---|---|---|")
-    base = 0.0
-    for label, settings in (("large", {"mode": "large"}), ("relay", {}), ("relay-spec", {"speculative": True})):
-        engine.generate(messages, max_new_tokens=16, **settings)  # warm-up
-        result = engine.generate(messages, max_new_tokens=256, **settings)
-        rate = result.usage.completion_tokens / result.elapsed
-        base = base or rate
-        print(f"| {label} | {result.usage.completion_tokens} | {rate:.1f} | {rate / base:.2f}x |")
+    runners = {"eager": {}, "static": {"kv_cache": "static"}} | ({"compiled": {"compile": True}} if compile else {})
+    print(f"\nEngine, {max_new_tokens} new tokens per run:\n")
+    print("| engine runner | mode | tokens | tok/s | vs large (same runner) | vs eager large |")
+    print("|---|---|---|---|---|---|")
+    eager_large = 0.0
+    for runner, options in runners.items():
+        engine = RelayEngine.from_models(
+            models["large"], models["small"], tokenizer, cues="auto", pair_name="demo", **options  # type: ignore[arg-type]
+        )  # fmt: skip
+        base = 0.0
+        for label, settings in (("large", {"mode": "large"}), ("relay", {}), ("relay-spec", {"speculative": True})):
+            engine.generate(messages, max_new_tokens=16, **settings)  # warm-up (and, compiled, the compilation)
+            result = engine.generate(messages, max_new_tokens=max_new_tokens, **settings)
+            rate = result.usage.completion_tokens / result.elapsed
+            base = base or rate
+            eager_large = eager_large or rate
+            print(
+                f"| {runner} | {label} | {result.usage.completion_tokens} | {rate:.2f} | {rate / base:.2f}x | "
+                f"{rate / eager_large:.2f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
