@@ -68,6 +68,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise RuntimeError(f"relaygen serve needs: pip install 'relaygen-integrations[serve]' ({exc})") from exc
     from .engine import RelayEngine
+    from .engine.kv import cache_options
     from .engine.models import (
         load_causal_lm,
         load_tokenizer,
@@ -87,7 +88,10 @@ def run_serve(args: argparse.Namespace) -> int:
         if weights.quantized:
             model = quantize_linear_int8(model)
         name = args.served_model_name or args.model
-        app = create_single_app(model, load_tokenizer(reference), served_model_name=name, api_key=args.api_key)
+        app = create_single_app(
+            model, load_tokenizer(reference), served_model_name=name, api_key=args.api_key,
+            cache=cache_options(compile=args.compile),
+        )  # fmt: skip
     else:
         engine = RelayEngine.from_pretrained(
             args.large, args.small, cues=_cues_arg(args.cues), device=args.device, dtype=args.dtype,

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .engine.cues import CueSet
+from .engine.kv import CacheOptions
 from .engine.models import context_window, eos_token_ids
 from .engine.policy import RelayPolicy
 from .engine.prompt import check_text
@@ -88,9 +89,10 @@ class SingleModel:
     eos_ids: frozenset[int] = field(init=False)
     context_window: int = field(init=False)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    cache: CacheOptions = field(default_factory=CacheOptions)  # static / compiled decode steps (``engine/kv.py``)
 
     def __post_init__(self) -> None:
-        self.runner = ModelRunner("large", self.model)
+        self.runner = ModelRunner("large", self.model, self.cache)
         self.eos_ids = eos_token_ids(self.model, self.tokenizer)
         self.context_window = context_window(self.model)
 
@@ -162,10 +164,11 @@ def create_single_app(
     served_model_name: str = "model",
     api_key: str | None = None,
     report_token_ids: bool = True,
+    cache: CacheOptions | None = None,
 ) -> FastAPI:
     """A plain completion server for one model. ``report_token_ids=False`` ignores ``return_token_ids``, like a
     server that can only stream text (the remote backend then tokenizes each chunk)."""
-    single = SingleModel(model, tokenizer)
+    single = SingleModel(model, tokenizer, cache=cache or CacheOptions())
     app = new_app(f"relaygen single: {served_model_name}", api_key)
 
     @app.get("/v1/models")

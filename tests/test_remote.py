@@ -22,6 +22,7 @@ from helpers import tiny_qwen2
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.engine import GenerationError
+from relaygen_integrations.engine.kv import CacheOptions
 from relaygen_integrations.engine.remote import EndpointError, RemoteBackend, cue_stop_strings
 from relaygen_integrations.engine.spans import FinalEvent, SwitchEvent, TextEvent
 from relaygen_integrations.langchain import RelayChatModel
@@ -119,6 +120,21 @@ def test_remote_relay_equals_local_relay(local, remote):
     assert result.usage.requests >= len(result.spans)
     assert result.usage.small_catchup_tokens > 0 and result.usage.reused_prefix_tokens > 0
     assert result.usage.large_prefill_tokens == result.usage.small_prefill_tokens == result.usage.prompt_tokens
+
+
+def test_servers_with_a_static_cache_give_the_same_relay(tokenizer, pair, cues, local):
+    """`relaygen serve --single --compile` runs its model over a static cache; nothing changes but the speed."""
+    static = CacheOptions(kv_cache="static", block=16)  # small blocks: the cache grows (by copying) several times
+    large = create_single_app(pair[0], tokenizer, cache=static)
+    small = create_single_app(pair[1], tokenizer, cache=static)
+    with ServerThread(large) as large_server, ServerThread(small) as small_server:
+        engine = RelayEngine.from_endpoints(
+            large_server.url, small_server.url, tokenizer, cues=list(cues), policy=POLICY, retries=0
+        )
+        with engine:
+            result = engine.generate(MESSAGES, max_new_tokens=60)
+    expected = local.generate(MESSAGES, max_new_tokens=60)
+    assert span_summary(result) == span_summary(expected) and result.completion_ids == expected.completion_ids
 
 
 @pytest.mark.parametrize("mode", ["large", "small"])
