@@ -34,7 +34,7 @@ from .bench_summary import is_verify_mode as is_verify_mode
 from .bench_summary import summarize as summarize
 from .engine.cpu import cpu_model_and_flags
 from .engine.engine import GenerationError, RelayEngine
-from .engine.kv import CacheOptions
+from .engine.kv import CacheOptions, KVCacheKind
 from .engine.settings import merge_settings
 from .prompts import answers_match as answers_match
 from .prompts import extract_answer as extract_answer
@@ -49,7 +49,7 @@ class BenchConfig(BaseModel):
     small: str = "demo"
     cues: str | list[str] = "auto"
     dtype: str = "bf16"
-    kv_cache: str = "auto"  # the engine's KV cache: dynamic (default), static; compile implies static
+    kv_cache: KVCacheKind = "auto"  # the engine's KV cache: dynamic (default), static; compile implies static
     compile: bool = False  # compiled one-token decode steps (engine/kv.py)
     max_new_tokens: int = Field(768, ge=1)
     temperature: float = 0.0
@@ -157,7 +157,7 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
     if not records:
         raise ValueError(f"no problems to run in {config.data}")
     engine = engine or RelayEngine.from_pretrained(
-        config.large, config.small, cues=config.cues, dtype=config.dtype, kv_cache=config.kv_cache,  # type: ignore[arg-type]
+        config.large, config.small, cues=config.cues, dtype=config.dtype, kv_cache=config.kv_cache,
         compile=config.compile,
     )  # fmt: skip
     modes = make_modes(engine, config)
@@ -248,5 +248,5 @@ def machine_info(config: BenchConfig) -> dict[str, Any]:
     cpu, flags = cpu_model_and_flags()
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cpu_flags": list(flags), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "dtype": config.dtype, "kv_cache": CacheOptions(kv_cache=config.kv_cache, compile=config.compile).label,  # type: ignore[arg-type]
+            "dtype": config.dtype, "kv_cache": CacheOptions(kv_cache=config.kv_cache, compile=config.compile).label,
             "device": "cuda" if torch.cuda.is_available() else "cpu"}  # fmt: skip

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import Cache
 
@@ -37,7 +37,7 @@ class CacheOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kv_cache: KVCacheKind = "auto"
-    compile: bool = False
+    compile: StrictBool = False  # strict: "yes" is a mistake, not True
     # A static cache is sized in whole blocks, so requests of similar length reuse one allocation (and a compiled
     # step its graph); it grows - copying what it holds - only when a request outruns it.
     block: int = Field(DEFAULT_BLOCK, ge=1)
@@ -60,14 +60,13 @@ class CacheOptions(BaseModel):
 
 def cache_options(kv_cache: KVCacheKind | str = "auto", compile: bool = False) -> CacheOptions:
     """Validated options; a bad value is a :class:`GenerationError` naming the setting."""
-    if kv_cache not in ("auto", "dynamic", "static"):
-        raise GenerationError(f"kv_cache must be 'auto', 'dynamic' or 'static', got {kv_cache!r}", field="kv_cache")
-    if not isinstance(compile, bool):
-        raise GenerationError(f"compile must be True or False, got {compile!r}", field="compile")
-    if compile and kv_cache == "dynamic":
-        raise GenerationError("compile=True needs kv_cache='static' (or 'auto'): a compiled step needs fixed shapes",
-                              field="compile")  # fmt: skip
-    return CacheOptions(kv_cache=kv_cache, compile=compile)  # type: ignore[arg-type]
+    try:
+        return CacheOptions(kv_cache=kv_cache, compile=compile)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "compile"  # the model check is compile's
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise GenerationError(f"invalid setting {field}: {message}", field=field) from None
 
 
 def check_static_support(model: PreTrainedModel) -> None:
