@@ -13,13 +13,17 @@ models: setup
 demo: models
 	@$(VENV)/relaygen demo
 
-# Everything, including the tests on the real demo pair (fetched here first: no silent skips).
+# Everything, including the tests on the real demo pair (fetched here first: no silent skips), then the relay over
+# real vLLM and llama.cpp servers in a phase of its own (their virtualenvs are built on first use, ~15 min).
 test: models
-	@$(VENV)/python -m pytest -q
+	@$(VENV)/python -m pytest -q -m "not serving_engine"
+	@bash scripts/serving_engines.sh setup vllm
+	@bash scripts/serving_engines.sh setup llamacpp
+	@$(VENV)/python -m pytest -q -m serving_engine
 
 # Quick iteration: tiny random-weight models and scripted models only.
 test-fast: setup
-	@$(VENV)/python -m pytest -q -m "not real_pair"
+	@$(VENV)/python -m pytest -q -m "not real_pair and not serving_engine"
 
 lint: setup
 	@$(VENV)/ruff check . && $(VENV)/ruff format --check .

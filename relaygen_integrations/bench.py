@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,11 @@ class BenchConfig(BaseModel):
     seed: int | None = 0
     out: Path = Path("benchmarks/results/latest")
     resume: bool = False  # keep the complete problems of a saved run in ``out`` and run only the missing ones
+    # Two completion servers (large, small base URLs) instead of local models; ``large`` then names the tokenizer.
+    endpoints: tuple[str, str] | None = None
+    # Requests in flight at once: problems run in groups of this size, each mode's group concurrently (a remote
+    # backend's servers batch them); a run's ``seconds`` is then its group's wall time over the group's size.
+    concurrency: int = Field(1, ge=1)
 
 
 # -- grading ---------------------------------------------------------------------------------------------------------
@@ -156,10 +162,15 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
     records = load_gsm8k(config.data)[: config.n]
     if not records:
         raise ValueError(f"no problems to run in {config.data}")
+    if engine is None and config.endpoints is not None:
+        engine = RelayEngine.from_endpoints(*config.endpoints, tokenizer=config.large, cues=config.cues, timeout=600)
     engine = engine or RelayEngine.from_pretrained(
         config.large, config.small, cues=config.cues, dtype=config.dtype, kv_cache=config.kv_cache,
         compile=config.compile,
     )  # fmt: skip
+    if config.concurrency > 1 and engine.backend.serialized:
+        raise ValueError(f"concurrency={config.concurrency}: the {engine.backend.kind} backend runs one request at "
+                         "a time; concurrent requests need a remote backend (endpoints)")  # fmt: skip
     modes = make_modes(engine, config)
     unknown = [m for m in config.modes if m not in modes]
     if unknown:
@@ -172,32 +183,47 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("benchmark", total=len(records) * len(config.modes))
         progress.advance(task, sum(r.mode in config.modes for r in runs))
-        for index, record in enumerate(records):
-            shift = index % len(config.modes)
+        size = config.concurrency
+        for first in range(0, len(records), size):
+            group = list(range(first, min(first + size, len(records))))
+            shift = (first // size) % len(config.modes)
             rotated = config.modes[shift:] + config.modes[:shift]  # rotate so no mode always runs first
-            todo = [mode for mode in rotated if (index, mode) not in done]
-            if not todo:
-                continue
-            messages = math_messages(record["question"])
-            reference = gsm8k_reference_answer(record)
-            for mode in todo:
-                progress.update(task, description=f"problem {index + 1}/{len(records)} · {mode}")
-                start = time.perf_counter()
-                text, tokens, finish, details = modes[mode](messages)
-                seconds = time.perf_counter() - start
-                predicted = extract_answer(text)
-                run = Run(index, mode, seconds, tokens, finish, text, predicted, reference,
-                          answers_match(predicted, reference), **details)  # fmt: skip
-                runs.append(run)
-                progress.console.print(
-                    f"[dim]#{index + 1:<3}[/dim] {mode:<9} {seconds:6.1f} s {tokens:4d} tok "
-                    f"{'✓' if run.correct else '✗'} pred={predicted} ref={reference} finish={finish}"
-                )
-                progress.advance(task)
+            for mode in rotated:
+                todo = [index for index in group if (index, mode) not in done]
+                if not todo:
+                    continue
+                label = f"problem {todo[0] + 1}" + (f"-{todo[-1] + 1}" if len(todo) > 1 else "")
+                progress.update(task, description=f"{label}/{len(records)} · {mode}")
+                for run in _run_group(modes[mode], mode, [(i, records[i]) for i in todo]):
+                    runs.append(run)
+                    progress.console.print(
+                        f"[dim]#{run.problem + 1:<3}[/dim] {mode:<9} {run.seconds:6.1f} s {run.completion_tokens:4d}"
+                        f" tok {'✓' if run.correct else '✗'} pred={run.predicted} ref={run.reference}"
+                        f" finish={run.finish_reason}"
+                    )
+                    progress.advance(task)
                 # Outputs are rewritten after every run: an interrupted benchmark keeps everything it measured.
                 report = make_report(config, runs, report_modes)
                 write_outputs(report, config.out)
     return report
+
+
+def _run_group(mode_fn: ModeFn, mode: str, problems: list[tuple[int, dict[str, Any]]]) -> list[Run]:
+    """One mode on a group of problems, all at once (one alone: just that run). Each run's ``seconds`` is the group's
+    wall time over its size, so tokens over seconds summed is the group's throughput."""
+    start = time.perf_counter()
+    if len(problems) == 1:  # in this thread, as the local engine's sequential runs always were
+        outputs = [mode_fn(math_messages(problems[0][1]["question"]))]
+    else:
+        with ThreadPoolExecutor(max_workers=len(problems)) as pool:
+            outputs = list(pool.map(lambda item: mode_fn(math_messages(item[1]["question"])), problems))
+    seconds = (time.perf_counter() - start) / len(problems)
+    runs = []
+    for (index, record), (text, tokens, finish, details) in zip(problems, outputs, strict=True):
+        predicted, reference = extract_answer(text), gsm8k_reference_answer(record)
+        runs.append(Run(index, mode, seconds, tokens, finish, text, predicted, reference,
+                        answers_match(predicted, reference), **details))  # fmt: skip
+    return runs
 
 
 def load_completed_runs(config: BenchConfig) -> tuple[list[Run], list[str]]:
@@ -246,7 +272,12 @@ def rerender(out: Path) -> dict[str, Any]:
 
 def machine_info(config: BenchConfig) -> dict[str, Any]:
     cpu, flags = cpu_model_and_flags()
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    info = {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cpu_flags": list(flags), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "dtype": config.dtype, "kv_cache": CacheOptions(kv_cache=config.kv_cache, compile=config.compile).label,
             "device": "cuda" if torch.cuda.is_available() else "cpu"}  # fmt: skip
+    if config.endpoints is not None:
+        # The servers' own settings (dtype, threads, cache) are theirs; this records where they were and the load.
+        info |= {"backend": "remote", "endpoints": list(config.endpoints), "concurrency": config.concurrency}
+        info.pop("dtype"), info.pop("kv_cache")
+    return info

@@ -55,14 +55,24 @@ def render_verification(summary: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _backend_text(machine: dict[str, Any]) -> str:
+    if machine.get("backend") == "remote":  # the models ran on the servers, with their own settings
+        load = f", {machine['concurrency']} requests at once" if machine.get("concurrency", 1) > 1 else ""
+        return f"; servers {' (large) and '.join(machine['endpoints'])} (small){load}"
+    return (
+        f", {machine['threads']} torch threads, torch {machine['torch']}, {machine['dtype']} on {machine['device']}"
+        f"{', ' + machine['kv_cache'] + ' KV cache' if 'kv_cache' in machine else ''}"
+    )
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     config, machine, summary = report["config"], report["machine"], report["summary"]
+    remote = machine.get("backend") == "remote"
+    pair = f"two servers (tokenizer {config['large']})" if remote else f"{config['large']} + {config['small']}"
     lines = [
-        f"# Benchmark: {config['large']} + {config['small']} on GSM8K ({summary[next(iter(summary))]['n']} problems)",
+        f"# Benchmark: {pair} on GSM8K ({summary[next(iter(summary))]['n']} problems)",
         "",
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['threads']} torch threads, torch "
-        f"{machine['torch']}, {machine['dtype']} on {machine['device']}"
-        f"{', ' + machine['kv_cache'] + ' KV cache' if 'kv_cache' in machine else ''}"
+        f"Machine: {machine['cpu']}, {machine['cores']} cores{_backend_text(machine)}"
         f"{_cpu_flags_text(machine)}. "
         f"{'Greedy' if not config['temperature'] else 'T=' + str(config['temperature'])}, "
         f"max {config['max_new_tokens']}"

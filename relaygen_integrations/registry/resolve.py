@@ -16,7 +16,7 @@ from .cache import _dir_size, _gguf_size_ok, _model_dir, _model_dir_valid, relay
 from .errors import RegistryError
 from .specs import DTYPES, ROLES, PairInfo, PairPaths, Role, _get_pair, _normalize_dtype
 
-__all__ = ["list_pairs", "pair_paths", "resolve_model"]
+__all__ = ["list_pairs", "pair_gguf_paths", "pair_paths", "resolve_model"]
 
 # ``owner/name`` with the characters the Hub allows; anything else (not a dir, not a pair) is a typo.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -30,6 +30,15 @@ def pair_paths(name: str = "demo", dtype: str = "bf16") -> PairPaths | None:
     if all(_model_dir_valid(pair, role, dt, home) for role in ROLES):
         return PairPaths(large=_model_dir(pair.name, "large", dt, home), small=_model_dir(pair.name, "small", dt, home))
     return None
+
+
+def pair_gguf_paths(name: str = "demo") -> PairPaths | None:
+    """The pair's downloaded GGUF files (what llama.cpp serves) if both are kept with their published sizes, else
+    None (not fetched, or fetched with ``keep_gguf=False``). Never downloads."""
+    pair = _get_pair(name)
+    home = relaygen_home()
+    large, small = (_gguf_size_ok(pair.model(role), home) for role in ("large", "small"))
+    return PairPaths(large=large, small=small) if large is not None and small is not None else None
 
 
 def list_pairs() -> list[PairInfo]:
