@@ -62,6 +62,7 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     n: int = 1
     return_token_ids: bool = False
+    prompt_logprobs: int | None = Field(None, ge=0)  # vLLM's: each prompt token's logprob and rank, and the top k
 
 
 @dataclass
@@ -110,6 +111,24 @@ class SingleModel:
             raise ValueError(f"prompt token id {bad} is outside this model's vocabulary [0, {vocab})")
         return ids
 
+    def prompt_logprobs(self, prompt_ids: list[int], top: int) -> list[dict[str, dict[str, Any]] | None]:
+        """vLLM's ``prompt_logprobs``: for every prompt token after the first, its log-probability and rank (1 =
+        the most likely) given the tokens before it, and the ``top`` most likely tokens'; None for the first."""
+        with self.lock:
+            try:
+                rows = self.runner.score(prompt_ids, 1).float().log_softmax(dim=-1)
+            except BaseException:
+                self.runner.reset()
+                raise
+        entries: list[dict[str, dict[str, Any]] | None] = [None]
+        for position, row in enumerate(rows[:-1], start=1):
+            token = prompt_ids[position]
+            entry = {str(token): _logprob(row, token, self.tokenizer)}
+            for candidate in row.topk(top).indices.tolist() if top else []:
+                entry.setdefault(str(candidate), _logprob(row, candidate, self.tokenizer))
+            entries.append(entry)
+        return entries
+
     def complete(
         self,
         prompt_ids: list[int],
@@ -154,6 +173,12 @@ class SingleModel:
             yield CompletionPiece([token], text + tail, "stop", transcript.matched_stop)
 
 
+def _logprob(row: Any, token: int, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    value = row[token]
+    rank = int((row > value).sum()) + 1
+    return {"logprob": float(value), "rank": rank, "decoded_token": tokenizer.decode([token])}
+
+
 def _text(events: Iterator[Any]) -> str:
     return "".join(event.text for event in events if isinstance(event, TextEvent))
 
@@ -165,9 +190,11 @@ def create_single_app(
     api_key: str | None = None,
     report_token_ids: bool = True,
     cache: CacheOptions | None = None,
+    report_prompt_logprobs: bool = True,
 ) -> FastAPI:
     """A plain completion server for one model. ``report_token_ids=False`` ignores ``return_token_ids``, like a
-    server that can only stream text (the remote backend then tokenizes each chunk)."""
+    server that can only stream text (the remote backend then tokenizes each chunk); ``report_prompt_logprobs=False``
+    ignores ``prompt_logprobs``, like a server that cannot score a prompt (no verified relay over it)."""
     single = SingleModel(model, tokenizer, cache=cache or CacheOptions())
     app = new_app(f"relaygen single: {served_model_name}", api_key)
 
@@ -185,6 +212,12 @@ def create_single_app(
             top_k = body.top_k if body.top_k is not None and body.top_k > 0 else None  # vLLM: -1 = off
             sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=top_k, seed=body.seed)
             stops = tuple(s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or ()) if s)
+            scored = body.prompt_logprobs is not None and report_prompt_logprobs
+            prompt_logprobs = (
+                await asyncio.to_thread(single.prompt_logprobs, prompt_ids, body.prompt_logprobs or 0)
+                if scored
+                else None
+            )
             pieces = single.complete(prompt_ids, body.max_tokens, sampling, stops, cancel)
             # Validation and the first token happen here (on a worker thread), so errors still get a status code.
             first = await unless_disconnected(asyncio.to_thread(next, pieces), http, cancel.set)
@@ -199,11 +232,13 @@ def create_single_app(
         base["model"] = served_model_name
         with_ids = body.return_token_ids and report_token_ids
 
-        def choice(piece: CompletionPiece, token_ids: list[int]) -> dict[str, Any]:
+        def choice(piece: CompletionPiece, token_ids: list[int], first_chunk: bool = True) -> dict[str, Any]:
             data: dict[str, Any] = {"index": 0, "text": piece.text, "logprobs": None}
             data.update(finish_reason=piece.finish_reason, stop_reason=piece.stop_reason)
             if with_ids:
                 data["token_ids"] = token_ids
+            if scored and first_chunk:  # streamed: in the first chunk, as vLLM sends it
+                data["prompt_logprobs"] = prompt_logprobs
             return data
 
         def all_pieces() -> Iterator[CompletionPiece]:
@@ -213,8 +248,8 @@ def create_single_app(
         if body.stream:
 
             def events() -> Iterator[str]:
-                for piece in all_pieces():
-                    yield sse({**base, "choices": [choice(piece, piece.token_ids)]})
+                for index, piece in enumerate(all_pieces()):
+                    yield sse({**base, "choices": [choice(piece, piece.token_ids, index == 0)]})
                 yield SSE_DONE
 
             return StreamingResponse(events(), media_type="text/event-stream")

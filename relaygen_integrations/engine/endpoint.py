@@ -13,6 +13,7 @@ import httpx
 from transformers import PreTrainedTokenizerBase
 
 from .spans import ModelRole
+from .verify import TokenScore
 
 BACKOFF_SECONDS = 0.25  # first retry after 0.25 s, then 0.5 s, 1 s, ...
 _NOT_REPORTED = object()
@@ -85,6 +86,8 @@ class Endpoint:
         self.max_stop_strings: int | None = None
         # Whether the server takes token-id prompts; learnt from a refusal (``remote.py``).
         self.takes_token_prompts = True
+        # Whether the server scores prompts (vLLM's prompt_logprobs, for verified relay); None until asked.
+        self.scores_prompts: bool | None = None
 
     @property
     def completions_url(self) -> str:
@@ -101,6 +104,32 @@ class Endpoint:
                 except (ValueError, KeyError, IndexError, TypeError) as exc:
                     raise EndpointError(url, f"lists no model ({exc!r}); pass the model name explicitly") from exc
             return self._model
+
+    def score(self, ids: Sequence[int], first: int) -> list[TokenScore] | None:
+        """The model's score of every token of ``ids`` from ``first`` on, from one request that asks for vLLM's
+        ``prompt_logprobs`` (the top token's and the prompt token's own); None if the server does not return them."""
+        body = {"model": self.model_name(), "prompt": list(ids), "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": 1}  # fmt: skip
+        response = self.send("POST", self.completions_url, body)
+        try:
+            entries = response.json()["choices"][0].get("prompt_logprobs")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise EndpointError(self.completions_url, f"sent an answer that is not a completion ({exc!r})") from exc
+        self.scores_prompts = isinstance(entries, list) and len(entries) == len(ids)
+        if not self.scores_prompts:
+            return None
+        scores = []
+        for position in range(first, len(ids)):
+            entry = entries[position]
+            try:
+                own = entry[str(ids[position])]
+                top = max(entry.values(), key=lambda item: item["logprob"])
+                scores.append(TokenScore(float(own["logprob"]), float(top["logprob"]), int(own["rank"]) == 1))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise EndpointError(
+                    self.completions_url, f"sent prompt_logprobs without token {ids[position]}'s score ({exc!r})"
+                ) from exc
+        return scores
 
     def send(
         self, method: str, url: str, body: Mapping[str, Any] | None = None, stream: bool = False

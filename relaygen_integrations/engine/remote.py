@@ -33,6 +33,10 @@ gives the local engine's text and spans.
   reasoning end first; a server that takes only text prompts (llama-cpp-python's) gets the sequence as text, unless
   that text spells a special token the ids hold as text (a user's literal "<|im_start|>"), which is refused instead.
 
+Verified relay: at the end of a small run the large server scores the sequence (``prompt_logprobs``, one request)
+and the transcript is cut at the first rejected token; the large server's next request writes from there. A server
+that does not score prompts is found out by a probe when the plan is checked, and ``verify`` is refused there.
+
 Reliability: connection errors, timeouts, 5xx and 429 are retried with exponential backoff; a 4xx, or retries used
 up, raise :class:`EndpointError` naming the URL. A read waits at most ``timeout`` seconds for the next chunk, so
 nothing hangs. The cancel flag is checked after every streamed chunk. Requests are not serialized (no engine lock):
@@ -152,6 +156,12 @@ def send_completion(
                 body["stop"] = stops
 
 
+_NO_SCORES = (
+    "it needs the large model's probability of every token of a small segment, and the large server does not score "
+    "prompts (no prompt_logprobs in its answer; vLLM's completions have them) - use such a server, or local models"
+)
+
+
 class RemoteSession:
     """One generation's requests: a streamed completion request per segment, its chunks handed to the loop as they
     arrive; a request is closed (the server aborts it) as soon as the writer changes."""
@@ -197,7 +207,31 @@ class RemoteSession:
             self._close_request()  # the rest of this request was written for the previous writer
 
     def verify(self) -> None:
-        raise BackendCapabilityError("remote", "verify the small model's tokens", "refused when the plan was checked")
+        """Verified relay over endpoints: the large server scores the sequence up to the end of the small run
+        (``prompt_logprobs``, one request), and the transcript is cut at the first small token the rule rejects. The
+        large model's own token there is what its next request writes first (sampled by the server)."""
+        transcript = self.transcript
+        rule = transcript.verify
+        assert rule is not None
+        if self.stream is not None:
+            self._close_request()
+        start, end = transcript.pending_run()
+        scored = transcript.ids[: transcript.prompt_len + end]
+        endpoint = self.endpoints["large"]
+        scores = endpoint.score(scored, transcript.prompt_len + start)
+        if scores is None:
+            raise BackendCapabilityError("remote", "verify the small model's tokens", _NO_SCORES)
+        # vLLM reads no prefix cache for a request with prompt_logprobs: it re-reads the whole sequence.
+        transcript.account_forward("large", 0, len(scored))
+        self.requests += 1
+        self.known["large"] = len(scored)
+        rejected = rule.first_rejected_scores(scores)
+        if rejected is None:
+            transcript.accept_run()
+            return
+        transcript.reject_from(start + rejected)
+        for role, known in self.known.items():  # what each server cached beyond the cut is no longer the sequence
+            self.known[role] = min(known, len(transcript.ids))
 
     def close(self, failed: bool) -> None:
         if self.stream is not None:
@@ -368,12 +402,11 @@ class RemoteBackend:
                 self.kind, "run speculative decoding", "it needs both models' logits in one process"
             )
         if plan.settings.verify is not None and plan.mode == "relay":
-            raise BackendCapabilityError(
-                self.kind,
-                "verify the small model's tokens (verify=...)",
-                "it needs the large model's probability of every token of a small segment, and this backend does not "
-                "ask the servers to score prompts (vLLM's prompt_logprobs could) - verify with local models",
-            )
+            large = self.endpoints["large"]
+            if large.scores_prompts is None:  # asked once per endpoint, with a two-token prompt
+                large.score(self.tokenizer.encode("1 2", add_special_tokens=False)[:2], 1)
+            if not large.scores_prompts:
+                raise BackendCapabilityError(self.kind, "verify the small model's tokens (verify=...)", _NO_SCORES)
 
     def open(self, plan: GenerationPlan, transcript: Transcript) -> RemoteSession:
         return RemoteSession(self.endpoints, self.tokenizer, plan, transcript, self.server_stops)

@@ -20,7 +20,9 @@ model's reasoning sentences are checked. Spec strings: ``"greedy"``, ``"prob:0.0
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -28,6 +30,15 @@ if TYPE_CHECKING:
     import torch
 
 RuleName = Literal["greedy", "prob", "ratio"]
+
+
+class TokenScore(NamedTuple):
+    """A server's score of one token of a prompt (vLLM's ``prompt_logprobs``): the token's log-probability under the
+    large model, the most likely token's, and whether the token is that most likely one (rank 1)."""
+
+    logprob: float
+    top_logprob: float
+    is_top: bool
 
 
 class VerifyRule(BaseModel):
@@ -82,6 +93,18 @@ class VerifyRule(BaseModel):
             rejected = chosen < bound
         hits = torch.nonzero(rejected)
         return int(hits[0, 0]) if hits.numel() else None
+
+    def first_rejected_scores(self, scores: Sequence[TokenScore]) -> int | None:
+        """:meth:`first_rejected` for scores a server returned instead of logits (the remote backend)."""
+        for index, score in enumerate(scores):
+            if self.rule == "greedy":
+                rejected = not score.is_top
+            else:
+                bound = math.log(self.threshold) + (score.top_logprob if self.rule == "ratio" else 0.0)
+                rejected = score.logprob < bound
+            if rejected:
+                return index
+        return None
 
 
 def parse_verify(value: object) -> VerifyRule | None:
