@@ -28,7 +28,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=768)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/latest"))
-    parser.add_argument("--quick", action="store_true", help="smoke test: 2 problems, 48 tokens, every mode")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 1 problem, 32 tokens, every mode")
     parser.add_argument("--resume", action="store_true", help="keep the finished problems of the run in --out")
     parser.add_argument(
         "--endpoints",
@@ -57,7 +57,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return 0
     config = BenchConfig(
         data=args.data,
-        n=2 if args.quick else args.n,
+        n=1 if args.quick else args.n,
         modes=[m.strip() for m in args.modes.split(",") if m.strip()],
         large=args.large,
         small=args.small,
@@ -65,7 +65,7 @@ def run_bench(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         kv_cache=args.kv_cache,
         compile=args.compile,
-        max_new_tokens=48 if args.quick else args.max_new_tokens,
+        max_new_tokens=32 if args.quick else args.max_new_tokens,
         temperature=args.temperature,
         out=args.out,
         resume=args.resume,

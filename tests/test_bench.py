@@ -264,7 +264,7 @@ def test_bench_quick_runs_every_mode_on_the_demo_pair(tmp_path):
     assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "results.json").read_text())
     modes = {"large", "small", "relay", "reprompt", "hf-large", "assisted"}
-    assert {r["mode"] for r in report["runs"]} == modes and len(report["runs"]) == 12
+    assert {r["mode"] for r in report["runs"]} == modes and len(report["runs"]) == 6
     assert all(r["completion_tokens"] > 0 for r in report["runs"])
-    assert all(r["finish_reason"] == "length" for r in report["runs"])  # 48 tokens never finish a GSM8K answer
+    assert all(r["finish_reason"] == "length" for r in report["runs"])  # 32 tokens never finish a GSM8K answer
     assert "| relay |" in (tmp_path / "report.md").read_text()

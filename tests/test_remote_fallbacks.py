@@ -82,6 +82,9 @@ def test_a_text_only_server_gets_the_prompt_as_text(tokenizer):
     text = endpoint.bodies[-1]["prompt"]
     assert "<|im_start|>user\nTwo and three?<|im_end|>" in text and tokenizer.encode(text) == ids
     assert endpoint.takes_token_prompts is False and len(endpoint.bodies) == 2
+    # A request sent with ids before a concurrent one taught the endpoint is refused too, and falls back as well.
+    send_completion(endpoint, {"prompt": ids}, [], lambda: text_prompt(tokenizer, ids, URL))
+    assert endpoint.bodies[-1]["prompt"] == text and len(endpoint.bodies) == 4
 
 
 def test_user_text_spelling_a_special_token_is_never_sent_as_text(tokenizer):

@@ -4,6 +4,7 @@ a streamed completion turned into token-id batches (restoring the text a server-
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -66,6 +67,14 @@ def _sse_data(lines: Iterator[str]) -> Iterator[str]:
         yield "\n".join(data)
 
 
+def refuses_token_prompts(error: EndpointError) -> bool:
+    """Whether a server refused a request because its prompt is a list of token ids (llama-cpp-python's server
+    validates ``prompt`` as a string and answers HTTP 500: "('body', 'prompt', 'str') ... valid string")."""
+    return error.status in (400, 422, 500) and bool(
+        re.search(r"'prompt'[^\n]*(valid string|string_type)|prompt[^\n]*must be a string", str(error))
+    )
+
+
 class Endpoint:
     """One OpenAI-compatible server (base URL such as ``http://127.0.0.1:8000/v1``) writing for one role."""
 
@@ -110,7 +119,14 @@ class Endpoint:
         ``prompt_logprobs`` (the top token's and the prompt token's own); None if the server does not return them."""
         body = {"model": self.model_name(), "prompt": list(ids), "max_tokens": 1, "temperature": 0.0,
                 "prompt_logprobs": 1}  # fmt: skip
-        response = self.send("POST", self.completions_url, body)
+        try:
+            response = self.send("POST", self.completions_url, body)
+        except EndpointError as error:
+            if not refuses_token_prompts(error):
+                raise
+            # Scores must be of these very ids: a server that re-tokenizes a text prompt cannot give them.
+            self.takes_token_prompts = self.scores_prompts = False
+            return None
         try:
             entries = response.json()["choices"][0].get("prompt_logprobs")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:

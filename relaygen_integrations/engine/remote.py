@@ -59,7 +59,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from .backend import BackendCapabilityError
 from .cues import CueSet, cue_core
-from .endpoint import CompletionStream, Endpoint, EndpointError
+from .endpoint import CompletionStream, Endpoint, EndpointError, refuses_token_prompts
 from .models import load_tokenizer, pick_dtype, resolve_reference
 from .policy import RelayPolicy
 from .settings import SEED_LIMIT, GenerationPlan
@@ -95,14 +95,6 @@ def request_stops(policy: RelayPolicy, user_stops: Sequence[str], cue_stops: Seq
         stops += [m for m in (policy.config.reasoning_end, policy.config.answer_marker) if m]
         stops += cue_stops if policy.state == "large" else SENTENCE_END_STOPS
     return list(dict.fromkeys(stops))
-
-
-def refuses_token_prompts(error: EndpointError) -> bool:
-    """Whether a server refused a request because its prompt is a list of token ids (llama-cpp-python's server
-    validates ``prompt`` as a string and answers HTTP 500: "('body', 'prompt', 'str') ... valid string")."""
-    return error.status in (400, 422, 500) and bool(
-        re.search(r"'prompt'[^\n]*(valid string|string_type)|prompt[^\n]*must be a string", str(error))
-    )
 
 
 def refused_stop_limit(error: EndpointError) -> int | None:
@@ -142,7 +134,8 @@ def send_completion(
         try:
             return endpoint.send("POST", endpoint.completions_url, body, stream=True), stops
         except EndpointError as error:
-            if endpoint.takes_token_prompts and refuses_token_prompts(error):
+            # Judged on this request's own prompt: a concurrent request may have taught the endpoint meanwhile.
+            if isinstance(body["prompt"], list) and refuses_token_prompts(error):
                 endpoint.takes_token_prompts = False
                 body["prompt"] = as_text()
                 continue
