@@ -75,6 +75,17 @@ def refuses_token_prompts(error: EndpointError) -> bool:
     )
 
 
+def refused_stop_limit(error: EndpointError) -> int | None:
+    """How many stop strings a server takes, read off its refusal of a request with too many (vLLM caps them at
+    ``VLLM_MAX_STOP_STRINGS``, 4 by default: "List should have at most 4 items" at ``body.stop``); ``None`` when
+    the refusal is about something else. A refusal naming ``stop`` without a number means none."""
+    message = str(error)
+    if error.status != 400 or not re.search(r"\bstop\b", message):
+        return None
+    found = re.search(r"at most (\d+) item|'max_length': (\d+)", message)
+    return int(next(g for g in found.groups() if g)) if found else 0
+
+
 class Endpoint:
     """One OpenAI-compatible server (base URL such as ``http://127.0.0.1:8000/v1``) writing for one role."""
 

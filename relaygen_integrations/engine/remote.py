@@ -50,7 +50,6 @@ round trips.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +58,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from .backend import BackendCapabilityError
 from .cues import CueSet, cue_core
-from .endpoint import CompletionStream, Endpoint, EndpointError, refuses_token_prompts
+from .endpoint import CompletionStream, Endpoint, EndpointError, refused_stop_limit, refuses_token_prompts
 from .models import load_tokenizer, pick_dtype, resolve_reference
 from .policy import RelayPolicy
 from .settings import SEED_LIMIT, GenerationPlan
@@ -80,7 +79,7 @@ _FALLBACK_CONTEXT_WINDOW = 32768
 def cue_stop_strings(cues: CueSet) -> tuple[str, ...]:
     """Stop strings for the large endpoint: each cue after a space or a newline (so "Also " never stops the server
     for "so "), a punctuated cue as is ("So,"), a bare cue word followed by " " or "," (its look-ahead). In the cue
-    set's order, so that a server taking only a few stop strings gets the first cues' (``trim_stops``)."""
+    set's order, so that a server taking only a few stop strings gets the first cues' (``send_completion``)."""
     forms: list[str] = []
     for cue in cues.cues:
         forms += [cue + " ", cue + ","] if cue == cue_core(cue) else [cue]
@@ -95,17 +94,6 @@ def request_stops(policy: RelayPolicy, user_stops: Sequence[str], cue_stops: Seq
         stops += [m for m in (policy.config.reasoning_end, policy.config.answer_marker) if m]
         stops += cue_stops if policy.state == "large" else SENTENCE_END_STOPS
     return list(dict.fromkeys(stops))
-
-
-def refused_stop_limit(error: EndpointError) -> int | None:
-    """How many stop strings a server takes, read off its refusal of a request with too many (vLLM caps them at
-    ``VLLM_MAX_STOP_STRINGS``, 4 by default: "List should have at most 4 items" at ``body.stop``); ``None`` when
-    the refusal is about something else. A refusal naming ``stop`` without a number means none."""
-    message = str(error)
-    if error.status != 400 or not re.search(r"\bstop\b", message):
-        return None
-    found = re.search(r"at most (\d+) item|'max_length': (\d+)", message)
-    return int(next(g for g in found.groups() if g)) if found else 0
 
 
 def text_prompt(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], url: str) -> str:
