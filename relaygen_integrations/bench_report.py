@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .bench_summary import is_relay_mode
+from .bench_summary import is_relay_mode, paired_accuracy_gain, pareto_front
 from .prompts import MATH_SYSTEM_PROMPT
 
 
@@ -144,15 +144,21 @@ def render_paired(summary: dict[str, Any]) -> list[str]:
         "",
         "Paired against large, on the problems both ran (problem numbers as in traces.html):",
         "",
-        "| mode | problems | both solve | only large | only mode |",
-        "|---|---|---|---|---|",
+        "| mode | problems | both solve | only large | only mode | accuracy gained | speed-up (s/token) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for mode, s in rows.items():
         only = [
             f"{len(s[k])} ({', '.join(f'#{p + 1}' for p in s[k])})" if s[k] else "0"
             for k in ("only_large", "only_mode")
         ]
-        lines.append(f"| {mode} | {s['paired']} | {s['both']} | {only[0]} | {only[1]} |")
+        speed = f"{s['paired_speedup']:.2f}×" if "paired_speedup" in s else "–"
+        gain = f"{100 * paired_accuracy_gain(s):+.0f} pts"
+        lines.append(f"| {mode} | {s['paired']} | {s['both']} | {only[0]} | {only[1]} | {gain} | {speed} |")
+    front = pareto_front(summary)
+    if front:
+        lines += ["", "Pareto front (no other mode is both faster and more accurate against large on shared problems):"
+                  f" {', '.join(f'`{m}`' for m in front)}."]  # fmt: skip
     return lines
 
 
@@ -181,21 +187,40 @@ def render_traces(report: dict[str, Any]) -> str:
 
 
 def plot_speed_accuracy(report: dict[str, Any], path: Path) -> None:
+    """Accuracy against speed. With ``large`` in the run, every mode is placed against it on the problems the two share
+    (speed-up in seconds per token, accuracy gained in points) and the Pareto front is drawn; without it, plain mean
+    seconds and accuracy."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     summary = report["summary"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for mode, s in summary.items():
-        ax.scatter(s["mean_s"], s["accuracy"] * 100, s=60)
-        ax.annotate(mode, (s["mean_s"], s["accuracy"] * 100), textcoords="offset points", xytext=(5, 5))
-    ax.set_xlabel("mean seconds per problem")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(
-        f"GSM8K, {report['config']['large']} + {report['config']['small']}, n={summary[next(iter(summary))]['n']}"
-    )
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    title = f"GSM8K, {report['config']['large']} + {report['config']['small']}"
+    if "large" in summary:
+        points = {"large": (1.0, 0.0, summary["large"]["n"])}
+        points |= {mode: (s["paired_speedup"], 100 * paired_accuracy_gain(s), s["paired"])
+                   for mode, s in summary.items() if mode != "large" and "paired_speedup" in s}  # fmt: skip
+        front = pareto_front(summary)
+        for mode, (speed, gain, n) in points.items():
+            ax.scatter(speed, gain, s=60, color="tab:red" if mode in front else "tab:blue", zorder=3)
+            ax.annotate(f"{mode} (n={n})", (speed, gain), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        ax.plot([points[m][0] for m in front], [points[m][1] for m in front], color="tab:red", alpha=0.5,
+                drawstyle="steps-post", label="Pareto front")  # fmt: skip
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.axvline(1, color="grey", lw=0.8)
+        ax.set_xlabel("speed-up vs large (seconds per token, same problems)")
+        ax.set_ylabel("accuracy gained vs large (points, same problems)")
+        ax.legend(loc="lower left", fontsize=8)
+    else:
+        for mode, s in summary.items():
+            ax.scatter(s["mean_s"], s["accuracy"] * 100, s=60)
+            ax.annotate(mode, (s["mean_s"], s["accuracy"] * 100), textcoords="offset points", xytext=(5, 5))
+        ax.set_xlabel("mean seconds per problem")
+        ax.set_ylabel("accuracy (%)")
+        title += f", n={summary[next(iter(summary))]['n']}"
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -167,12 +167,40 @@ def verification(runs: list[Run]) -> dict[str, float]:
 def paired_with_large(large_runs: list[Run], mode_runs: list[Run]) -> dict[str, Any]:
     """On the problems both the large model and the mode ran: the problems (0-based indices) only the large model
     solved, those only the mode solved, how many both solved, and how many problems were paired."""
-    large = {r.problem: r.correct for r in large_runs}
-    mode = {r.problem: r.correct for r in mode_runs}
+    large = {r.problem: r for r in large_runs}
+    mode = {r.problem: r for r in mode_runs}
     shared = sorted(large.keys() & mode.keys())
-    return {
+    paired: dict[str, Any] = {
         "paired": len(shared),
-        "both": sum(large[p] and mode[p] for p in shared),
-        "only_large": [p for p in shared if large[p] and not mode[p]],
-        "only_mode": [p for p in shared if mode[p] and not large[p]],
+        "both": sum(large[p].correct and mode[p].correct for p in shared),
+        "only_large": [p for p in shared if large[p].correct and not mode[p].correct],
+        "only_mode": [p for p in shared if mode[p].correct and not large[p].correct],
     }
+    large_seconds, large_tokens = (sum(getattr(large[p], k) for p in shared) for k in ("seconds", "completion_tokens"))
+    mode_seconds, mode_tokens = (sum(getattr(mode[p], k) for p in shared) for k in ("seconds", "completion_tokens"))
+    if large_tokens and mode_tokens and mode_seconds:
+        # Seconds per token on the same problems: a mode that ran on fewer problems is compared on those alone.
+        paired["paired_speedup"] = (large_seconds / large_tokens) / (mode_seconds / mode_tokens)
+    return paired
+
+
+def paired_accuracy_gain(entry: dict[str, Any]) -> float:
+    """Accuracy over ``large`` on the problems both ran, as a fraction: (solved only by the mode − solved only by
+    ``large``) / problems paired. Modes paired on different numbers of problems stay comparable."""
+    return (len(entry["only_mode"]) - len(entry["only_large"])) / entry["paired"] if entry["paired"] else 0.0
+
+
+def pareto_front(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """The modes no other mode beats on both axes, each measured against ``large`` on the problems the two share:
+    speed-up (seconds per token) and accuracy gained (:func:`paired_accuracy_gain`). ``large`` itself is the point
+    (1, 0). Ordered from the fastest."""
+    points = {"large": (1.0, 0.0)} if "large" in summary else {}
+    for mode, s in summary.items():
+        if mode != "large" and "paired_speedup" in s:
+            points[mode] = (s["paired_speedup"], paired_accuracy_gain(s))
+    front = [
+        mode for mode, (speed, gain) in points.items()
+        if not any(o != mode and os >= speed and og >= gain and (os, og) != (speed, gain)
+                   for o, (os, og) in points.items())
+    ]  # fmt: skip
+    return sorted(front, key=lambda m: -points[m][0])

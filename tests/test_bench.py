@@ -22,6 +22,7 @@ from relaygen_integrations.bench import (
     run_benchmark,
     summarize,
 )
+from relaygen_integrations.bench_summary import paired_accuracy_gain, pareto_front
 from relaygen_integrations.cli import main
 
 
@@ -212,12 +213,35 @@ def test_paired_view_against_large():
     assert (entry["paired"], entry["both"], entry["only_large"], entry["only_mode"]) == (4, 1, [1], [3])
     assert (summary["large"]["only_large"], summary["large"]["only_mode"], summary["large"]["both"]) == ([], [], 3)
     report = markdown(summary)
-    assert "| mode | problems | both solve | only large | only mode |" in report
-    assert "| relay | 4 | 1 | 1 (#2) | 1 (#4) |" in report  # numbered from 1, as in the traces page
+    assert "| mode | problems | both solve | only large | only mode | accuracy gained | speed-up (s/token) |" in report
+    assert "| relay | 4 | 1 | 1 (#2) | 1 (#4) | +0 pts | 1.00× |" in report  # numbered from 1, as in traces.html
     assert "| large | 5 |" not in report
     # Without the large model there is nothing to pair with.
     alone = summarize(relay, ["relay"])
     assert "only_large" not in alone["relay"] and "Paired against large" not in markdown(alone)
+
+
+def test_pareto_front_compares_each_mode_with_large_on_the_problems_they_share():
+    large = [run("large", 10.0, 100, correct=p < 2, problem=p) for p in range(4)]  # solves 0 and 1
+    # Faster on its own problems (2 and 3 only), where large solves neither and it solves one: +50 points, 2x.
+    fast = [run("fast", 5.0, 100, correct=p == 3, problem=p) for p in (2, 3)]
+    # Slower than large and loses problem 1: dominated by large itself.
+    slow = [run("slow", 20.0, 100, correct=p == 0, problem=p) for p in range(4)]
+    # Faster than large, loses problem 0: on the front, below large.
+    lossy = [run("lossy", 8.0, 100, correct=p == 1, problem=p) for p in range(4)]
+    # As fast as fast and less accurate: dominated by it.
+    dominated = [run("dominated", 5.0, 100, correct=False, problem=p) for p in range(4)]
+    summary = summarize(large + fast + slow + lossy + dominated, ["large", "fast", "slow", "lossy", "dominated"])
+    assert summary["fast"]["paired_speedup"] == pytest.approx(2.0)
+    assert paired_accuracy_gain(summary["fast"]) == pytest.approx(0.5)
+    assert paired_accuracy_gain(summary["lossy"]) == pytest.approx(-0.25)
+    assert summary["slow"]["paired_speedup"] == pytest.approx(0.5)
+    assert pareto_front(summary) == ["fast"]  # fast beats large (2x, +50) and lossy; large is dominated too
+    del summary["fast"]
+    assert pareto_front(summary) == ["dominated", "lossy", "large"]  # fastest first
+    report = markdown(summary)
+    assert "Pareto front (no other mode" in report and "`dominated`, `lossy`, `large`." in report
+    assert "| lossy | 4 | 1 | 1 (#1) | 0 | -25 pts | 1.25× |" in report
 
 
 def test_verify_modes_are_parsed_and_checked_up_front(tmp_path, tokenizer):
