@@ -76,7 +76,8 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
     common = {"max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "seed": config.seed}
 
     def through_engine(mode: str, **extra: Any) -> ModeFn:
-        settings = merge_settings(common, {"mode": mode}, extra)  # a bad mode or cue spec fails before any problem
+        # Unverified unless the mode says so, whatever the engine's default: "relay" is plain RelayGen.
+        settings = merge_settings(common, {"mode": mode, "verify": "off"}, extra)  # a bad mode fails up front
 
         def run(messages: list[dict[str, str]]) -> tuple[str, int, str, dict[str, Any]]:
             result = engine.generate(messages, settings=settings)

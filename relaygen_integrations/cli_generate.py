@@ -7,13 +7,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from .engine.settings import MODES, GenerationSettings, merge_settings
 from .engine.spans import RelayResult
 from .prompts import answers_match, extract_answer, gsm8k_reference_answer, load_gsm8k, math_messages
+
+if TYPE_CHECKING:
+    from .engine import RelayEngine
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +51,7 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="RULE",
         help="verified relay: the large model checks the small model's tokens and rewrites from the first it rejects "
-        "(greedy | prob:TAU | ratio:TAU, optionally +answer; default off)",
+        "(greedy | prob:TAU | ratio:TAU, optionally +answer, or off; default: the pair's shipped rule, if any)",
     )
     parser.add_argument("--json", action="store_true", help="print {text, spans, usage, finish_reason} as JSON")
 
@@ -148,11 +151,13 @@ def run_generate(args: argparse.Namespace) -> int:
     return _run(args, messages, console)
 
 
-def describe_mode(settings: GenerationSettings) -> str:
-    """How a run's header names what ran: the mode, plus verification and speculation when on."""
+def describe_mode(engine: RelayEngine, settings: GenerationSettings) -> str:
+    """How a run's header names what ran: the mode, plus verification (the request's rule or the engine's default)
+    and speculation when on."""
     parts = [settings.mode]
-    if settings.mode == "relay" and settings.verify is not None:
-        parts.append(f"verified ({settings.verify.spec})")
+    verify = engine.verify if settings.verify is None else settings.verify
+    if settings.mode == "relay" and verify:
+        parts.append(f"verified ({verify.spec})")
     if settings.speculative:
         parts.append("self-speculative")
     return ", ".join(parts)
@@ -169,9 +174,9 @@ def run_demo(args: argparse.Namespace) -> int:
     record, reference = records[args.index], gsm8k_reference_answer(records[args.index])
     messages = math_messages(record["question"])
     engine, settings = _load(args, console)
-    runs = [("large alone", settings.model_copy(update={"mode": "large", "verify": None}))] if args.compare else []
+    runs = [("large alone", settings.model_copy(update={"mode": "large", "verify": False}))] if args.compare else []
     if not (args.compare and settings.mode == "large"):
-        runs.append((describe_mode(settings), settings))
+        runs.append((describe_mode(engine, settings), settings))
     if args.json:
         results = {name: engine.generate(messages, settings=run) for name, run in runs}
         print(json.dumps(_demo_json(results, reference), ensure_ascii=False, indent=2))

@@ -13,7 +13,8 @@ from helpers import PROMPT, scripted_engine, tiny_qwen2
 
 from relaygen_integrations import FinalEvent, RelayEngine, SwitchEvent, TextEvent
 from relaygen_integrations.engine import GenerationError, SettingsError, merge_settings
-from relaygen_integrations.engine.verify import VerifyRule
+from relaygen_integrations.engine.cues import shipped_profile
+from relaygen_integrations.engine.verify import VerifyRule, shipped_verify_rule
 
 LARGE = "We add two and three. So the answer is five. Then we are done."
 WRONG = "We add two and three. So the answer is nine. Then we are done."  # one wrong word, of the same length
@@ -151,7 +152,9 @@ def test_rules_on_hand_made_logits():
 def test_bad_verify_settings_are_refused_before_any_work(value):
     with pytest.raises(SettingsError, match="verify"):
         merge_settings({"verify": value})
-    assert merge_settings({"verify": "off"}).verify is None and merge_settings({"verify": True}).verify.rule == "greedy"
+    assert merge_settings({"verify": "off"}).verify is False
+    assert merge_settings({"verify": True}).verify.rule == "greedy"
+    assert merge_settings({}).verify is None  # unset: the engine's default
 
 
 def test_verification_is_for_the_relay_and_local_models_only(tokenizer):
@@ -175,3 +178,23 @@ def test_both_adapters_and_the_cli_carry_the_setting(tokenizer, monkeypatch, cap
     monkeypatch.setattr(RelayEngine, "shared", classmethod(lambda cls, *args, **kwargs: engine))
     assert main(["generate", "Solve it.", "--json", "--cues", "So ,Now", "--verify", "greedy"]) == 0
     assert json.loads(capsys.readouterr().out)["text"] == LARGE
+
+
+def test_the_engine_default_rule_applies_to_requests_that_leave_verify_unset(tokenizer):
+    scripted, _, _ = scripted_engine(tokenizer, LARGE, small_text=WRONG)
+    engine = RelayEngine(scripted.backend, tokenizer, scripted.cues, verify="greedy")
+    assert engine.verify == VerifyRule(rule="greedy")
+    assert engine.generate(PROMPT, max_new_tokens=100).text == LARGE  # unset: the engine's rule checks "nine"
+    assert engine.generate(PROMPT, max_new_tokens=100, verify="off").text == WRONG  # "off" wins over the default
+    assert engine.generate(PROMPT, max_new_tokens=100, verify=False).text == WRONG
+    assert scripted.generate(PROMPT, max_new_tokens=100).text == WRONG  # an engine built without a rule: off
+    with pytest.raises(SettingsError, match="verify"):
+        RelayEngine(scripted.backend, tokenizer, scripted.cues, verify="prob:2")
+
+
+def test_the_demo_pair_ships_the_rule_its_benchmark_chose():
+    profile = json.loads(shipped_profile("demo").read_text(encoding="utf-8"))
+    rule = shipped_verify_rule("demo")
+    assert rule is not None and rule.spec == profile["verify"]["rule"]
+    assert profile["verify"]["benchmark"].startswith("benchmarks/data/")  # where the choice is measured
+    assert shipped_verify_rule(None) is None and shipped_verify_rule("no-such-pair") is None

@@ -66,7 +66,8 @@ class RelayModelFields(BaseModel):
     verify: str | None = Field(
         default=None,
         description="Verified relay: the large model checks the small model's tokens in its catch-up pass and rewrites "
-        "from the first it rejects - 'greedy', 'prob:TAU', 'ratio:TAU' ('+answer' also checks the answer); None = off.",
+        "from the first it rejects - 'greedy', 'prob:TAU', 'ratio:TAU' ('+answer' also checks the answer), or "
+        "'off'. None = the engine's default: for the demo pair, the rule its profile ships.",
     )
 
     _engine: RelayEngine | None = PrivateAttr(default=None)

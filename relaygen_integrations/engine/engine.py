@@ -48,6 +48,7 @@ from .settings import (
 from .spans import FinalEvent, RelayResult, StreamEvent
 from .speculative import DEFAULT_DRAFT_CONFIDENCE
 from .transcript import Transcript
+from .verify import VerifyRule, parse_verify_default, shipped_verify_rule
 
 __all__ = ["BackendCapabilityError", "EngineBusyError", "GenerationError", "GenerationPlan", "RelayEngine"]
 
@@ -79,6 +80,7 @@ class RelayEngine:
         *,
         pair_name: str | None = None,
         speculative: bool | int = False,
+        verify: VerifyRule | str | None = None,
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
@@ -97,6 +99,10 @@ class RelayEngine:
         self.vocab_size = min(sizes)
         # The default for requests that do not say; validated like a request's own.
         self.speculative = self._draft_limit(merge_settings({"speculative": speculative}), default=0)
+        try:  # the rule for requests that leave ``verify`` unset; None = off
+            self.verify = parse_verify_default(verify)
+        except ValueError as exc:
+            raise SettingsError(f"verify: {exc}", "verify") from exc
 
     # -- construction ------------------------------------------------------------------------------------------
     @classmethod
@@ -113,6 +119,7 @@ class RelayEngine:
         pair_name: str | None = None,
         reuse_prefix: bool = True,
         speculative: bool | int = False,
+        verify: VerifyRule | str | None = None,
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
         kv_cache: KVCacheKind = "auto",
         compile: bool = False,
@@ -128,7 +135,7 @@ class RelayEngine:
             large, small, tokenizer, large_name=large_name, small_name=small_name, reuse_prefix=reuse_prefix,
             draft_confidence=float(draft_confidence), cache=cache_options(kv_cache, compile),
         )  # fmt: skip
-        return cls(backend, tokenizer, cues, policy, pair_name=pair_name, speculative=speculative)
+        return cls(backend, tokenizer, cues, policy, pair_name=pair_name, speculative=speculative, verify=verify)
 
     @classmethod
     def from_pretrained(
@@ -144,6 +151,7 @@ class RelayEngine:
         allow_pickle: bool = False,
         reuse_prefix: bool = True,
         speculative: bool | int = False,
+        verify: VerifyRule | str | None = "auto",
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
         kv_cache: KVCacheKind = "auto",
         compile: bool = False,
@@ -151,6 +159,8 @@ class RelayEngine:
         """Loads both models (a known pair name such as ``"demo"``, a local directory, or a hub id).
 
         The tokenizer and chat template come from the large model; the small model's tokenizer must agree with it.
+        ``verify="auto"``: the verification rule the pair's shipped profile names (the demo pair's was chosen from
+        a benchmark sweep), else none.
         """
         torch_device = pick_device(device)
         weights = pick_weights(dtype, torch_device)
@@ -174,6 +184,7 @@ class RelayEngine:
             pair_name=pair_name,
             reuse_prefix=reuse_prefix,
             speculative=speculative,
+            verify=shipped_verify_rule(pair_name) if verify == "auto" else verify,
             draft_confidence=draft_confidence,
             kv_cache=kv_cache,
             compile=compile,
@@ -219,8 +230,10 @@ class RelayEngine:
 
         ``options``: ``api_key``, ``timeout``, ``retries``, ``large_model``/``small_model`` (served model names;
         default: the first each server lists), ``context_window``, ``server_stops`` (default True),
-        ``trust_remote_code``. Design: ``engine/remote.py``.
+        ``trust_remote_code``; ``verify`` (the default rule; needs a server that scores prompts). Design:
+        ``engine/remote.py``.
         """
+        verify = options.pop("verify", None)
         try:
             from .remote import RemoteBackend
         except ModuleNotFoundError as exc:
@@ -228,7 +241,7 @@ class RelayEngine:
                 raise
             raise ImportError("the remote backend needs httpx: pip install 'relaygen-integrations[serve]'") from exc
         backend = RemoteBackend(large, small, tokenizer, **options)
-        return cls(backend, backend.tokenizer, cues, policy)
+        return cls(backend, backend.tokenizer, cues, policy, verify=verify)
 
     # -- identity and lifetime ------------------------------------------------------------------------------------
     @property
@@ -299,6 +312,7 @@ class RelayEngine:
             max_new_tokens=min(settings.max_new_tokens, room),
             cues=self._request_cues(settings.cues),
             speculative=self._draft_limit(settings, self.speculative),
+            verify=self.verify if settings.verify is None else settings.verify or None,
         )
         self.backend.check(plan)
         return plan
@@ -341,7 +355,7 @@ class RelayEngine:
             policy = RelayPolicy(plan.cues, self.policy_config, plan.mode)
             transcript = Transcript(
                 self.tokenizer, plan.prompt_ids, policy, plan.stop, self.eos_ids, plan.max_new_tokens,
-                plan.settings.verify,
+                plan.verify,
             )  # fmt: skip
             yield from drive(transcript, self.backend.open(plan, transcript), cancel)
 

@@ -382,7 +382,7 @@ class RemoteBackend:
             raise BackendCapabilityError(
                 self.kind, "run speculative decoding", "it needs both models' logits in one process"
             )
-        if plan.settings.verify is not None and plan.mode == "relay":
+        if plan.verify is not None and plan.mode == "relay":
             large = self.endpoints["large"]
             if large.scores_prompts is None:  # asked once per endpoint, with a two-token prompt
                 large.score(self.tokenizer.encode("1 2", add_special_tokens=False)[:2], 1)

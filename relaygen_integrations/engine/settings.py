@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .cues import CueSet
 from .spans import Mode
-from .verify import VerifyRule, parse_verify
+from .verify import VerifyRule, VerifySetting, parse_verify
 
 MODES: tuple[Mode, ...] = ("relay", "large", "small")
 MAX_DRAFT_LIMIT = 64
@@ -89,13 +89,14 @@ class GenerationSettings(BaseModel):
     """Self-speculative decoding: True / False, or a maximum draft length; None = the engine's default."""
     reprefill_segments: bool = False
     """Baseline only: every segment re-reads the whole sequence, as RelayGen's original serving did."""
-    verify: VerifyRule | None = None
+    verify: VerifySetting = None
     """Verified relay: the large model checks the small model's tokens in its catch-up pass (``engine/verify.py``);
-    a spec string ("greedy", "prob:0.05", "ratio:0.1", "+answer" to check the answer too) or None / "off"."""
+    a spec string ("greedy", "prob:0.05", "ratio:0.1", "+answer" to check the answer too), "off", or None for the
+    engine's default (for the demo pair: the rule its profile ships, see ``docs/benchmarks.md``)."""
 
     @field_validator("verify", mode="before")
     @classmethod
-    def _verify_rule(cls, value: Any) -> VerifyRule | None:
+    def _verify_rule(cls, value: Any) -> VerifySetting:
         return parse_verify(value)
 
     @field_validator("stop", mode="before")
@@ -182,6 +183,7 @@ class GenerationPlan:
     max_new_tokens: int  # the request's, clipped to the room left in the context window
     cues: CueSet  # the request's own, or the engine's when the request names none
     speculative: int = 0  # maximum draft length of self-speculative decoding; 0 = off
+    verify: VerifyRule | None = None  # the request's rule, or the engine's default; None = off
 
     @property
     def mode(self) -> Mode:

@@ -107,10 +107,18 @@ class VerifyRule(BaseModel):
         return None
 
 
-def parse_verify(value: object) -> VerifyRule | None:
-    """A setting's value: None / False / "off" -> no verification; a spec string or a VerifyRule."""
-    if value is None or value is False or value == "off":
+VerifySetting = VerifyRule | Literal[False] | None
+"""A request's ``verify``: a rule; ``False`` (said as "off") - none, whatever the engine's default; None - the
+engine's default (for a known pair, the rule its profile ships)."""
+
+
+def parse_verify(value: object) -> VerifySetting:
+    """A request's value: None -> the engine's default; False / "off" -> no verification; True -> greedy; a spec
+    string or a VerifyRule."""
+    if value is None:
         return None
+    if value is False or value == "off":
+        return False
     if isinstance(value, VerifyRule):
         return value
     if value is True:
@@ -118,3 +126,23 @@ def parse_verify(value: object) -> VerifyRule | None:
     if isinstance(value, str):
         return VerifyRule.parse(value)
     raise ValueError(f"verify must be 'off', 'greedy', 'prob:TAU' or 'ratio:TAU', got {value!r}")
+
+
+def parse_verify_default(value: object) -> VerifyRule | None:
+    """An engine's default rule: what :func:`parse_verify` reads, with None and "off" both meaning none."""
+    rule = parse_verify(value)
+    return rule or None
+
+
+def shipped_verify_rule(pair_name: str | None) -> VerifyRule | None:
+    """The rule a known pair's shipped profile names under ``"verify"`` (chosen for that pair from a benchmark
+    sweep: ``docs/benchmarks.md``), or None."""
+    import json
+
+    from .cues import shipped_profile
+
+    profile = shipped_profile(pair_name)
+    if profile is None:
+        return None
+    spec = json.loads(profile.read_text(encoding="utf-8")).get("verify")
+    return parse_verify_default(spec["rule"] if isinstance(spec, dict) else spec)
