@@ -173,7 +173,8 @@ def test_summary_of_a_verify_mode_counts_the_rejected_share():
     assert entry["small_share"] == pytest.approx(40 / 200)  # a relay mode: it gets the relay columns too
     assert entry["measured_speedup"] == pytest.approx(10 / 9) and "efficiency" in entry
     assert "rejected_share" not in summary["relay"] and "rejected_share" not in summary["large"]
-    rows = {line.split(" | ")[0].removeprefix("| "): line for line in markdown(summary).splitlines() if "×" in line}
+    main_table = markdown(summary).split("Paired against")[0]
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in main_table.splitlines() if "×" in line}
     assert rows[verify].endswith(" | 50% |") and rows["relay"].endswith(" | – |") and rows["large"].endswith(" | – |")
     assert "| mode | accuracy |" in markdown(summary) and " | drafts accepted | rejected |" in markdown(summary)
 
