@@ -55,7 +55,9 @@ def comparison_table(results: dict[str, RelayResult], reference: str) -> Table:
     """One row per run of the same question: its answer against the reference, tokens, time, and speed per token
     relative to the first run (runs write different numbers of tokens, so seconds per token is what compares)."""
     table = Table(show_edge=False)
-    for column in ("run", "answer", "tokens", "small", "s", "tok/s", "speed"):
+    # Verified relay's rejected small tokens (dropped and rewritten by the large model), when any run verified.
+    verified = any(r.usage.verified_tokens or r.usage.rejected_tokens for r in results.values())
+    for column in ("run", "answer", "tokens", "small", *(["rejected"] if verified else []), "s", "tok/s", "speed"):
         table.add_column(column, justify="left" if column in ("run", "answer") else "right")
     baseline = seconds_per_token(next(iter(results.values())))
     for name, result in results.items():
@@ -64,6 +66,7 @@ def comparison_table(results: dict[str, RelayResult], reference: str) -> Table:
         usage, cost = result.usage, seconds_per_token(result)
         table.add_row(
             name, f"{answer} ({verdict})", str(usage.completion_tokens), f"{usage.small_share:.0%}",
+            *([str(usage.rejected_tokens)] if verified else []),
             f"{result.elapsed:.1f}", f"{1 / cost if cost else 0:.2f}", f"{baseline / cost if cost else 0:.2f}x",
         )  # fmt: skip
     return table

@@ -69,6 +69,18 @@ def test_demo_json_has_both_runs_with_checked_answers(scripted, capsys):
     assert relay["usage"]["rejected_tokens"] > 0 and relay["text"] == alone["text"] and relay["correct"] is False
 
 
+def test_demo_table_counts_the_rejected_tokens_of_a_verified_relay(scripted, capsys):
+    assert main(["demo", "--max-new-tokens", "100", "--verify", "greedy"]) == 0
+    out = capsys.readouterr().out
+    assert "relay, verified (greedy) (reference" in out
+    header = next(line for line in out.splitlines() if "tok/s" in line and "answer" in line)
+    assert header.replace("┃", " ").split() == ["run", "answer", "tokens", "small", "rejected", "s", "tok/s", "speed"]
+    row = next(line for line in out.splitlines() if line.strip().startswith("relay,") and "│" in line)
+    assert int(row.split("│")[4]) > 0  # the upper-case sentence the scripted large model rejects
+    assert main(["demo", "--max-new-tokens", "100"]) == 0  # unverified: no such column
+    assert "rejected" not in next(line for line in capsys.readouterr().out.splitlines() if "tok/s" in line)
+
+
 def test_demo_without_comparison_runs_relay_only(scripted, capsys):
     assert main(["demo", "--no-compare", "--json", "--max-new-tokens", "100"]) == 0
     assert list(json.loads(capsys.readouterr().out)["runs"]) == ["relay"]
