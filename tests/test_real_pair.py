@@ -46,9 +46,10 @@ def test_both_models_write_spans_on_gsm8k(engine, questions):
         assert len([e for e in events if isinstance(e, SwitchEvent)]) == usage.switches
         # Each model saw the prompt once and every other-model token at most once.
         assert usage.large_prefill_tokens + usage.small_prefill_tokens <= 2 * usage.prompt_tokens
-        # The demo pair verifies by default: the large model also read the small tokens it then rejected.
+        # The demo pair verifies by default: the large model also read the small tokens it then rejected, and a
+        # pass that scores a run may carry the large model's own last token (not yet in its cache): one per switch.
         assert engine.verify is not None and usage.verified_tokens > 0
-        assert usage.large_catchup_tokens <= usage.small_tokens + usage.rejected_tokens
+        assert usage.large_catchup_tokens <= usage.small_tokens + usage.rejected_tokens + usage.switches
         assert usage.small_catchup_tokens <= usage.large_tokens + usage.small_tokens
         for span in result.spans[1:]:
             assert span.trigger.startswith(("cue:", "sentence_end", "cap", "reasoning_end", "rejected"))
