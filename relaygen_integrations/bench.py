@@ -36,6 +36,7 @@ from .bench_summary import summarize as summarize
 from .engine.cpu import cpu_model_and_flags
 from .engine.engine import GenerationError, RelayEngine
 from .engine.kv import CacheOptions, KVCacheKind
+from .engine.models import pick_weights
 from .engine.settings import merge_settings
 from .prompts import answers_match as answers_match
 from .prompts import extract_answer as extract_answer
@@ -271,11 +272,19 @@ def rerender(out: Path) -> dict[str, Any]:
     return report
 
 
+def resolved_dtype(dtype: str) -> str:
+    """What ran: ``auto`` and ``fast`` resolve by the device (``fast`` is int8 on a CPU without bf16 instructions)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = pick_weights(dtype, device).name
+    return resolved if resolved == dtype else f"{resolved} ({dtype})"
+
+
 def machine_info(config: BenchConfig) -> dict[str, Any]:
     cpu, flags = cpu_model_and_flags()
     info = {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cpu_flags": list(flags), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "dtype": config.dtype, "kv_cache": CacheOptions(kv_cache=config.kv_cache, compile=config.compile).label,
+            "dtype": resolved_dtype(config.dtype),
+            "kv_cache": CacheOptions(kv_cache=config.kv_cache, compile=config.compile).label,
             "device": "cuda" if torch.cuda.is_available() else "cpu"}  # fmt: skip
     if config.endpoints is not None:
         # The servers' own settings (dtype, threads, cache) are theirs; this records where they were and the load.

@@ -22,7 +22,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--large", default="demo")
     parser.add_argument("--small", default="demo")
     parser.add_argument("--cues", default="auto")
-    parser.add_argument("--dtype", default="bf16", help="bf16 | fp32 | int8 (CPU: int8-quantized linear layers)")
+    parser.add_argument(
+        "--dtype",
+        default="bf16",
+        help="bf16 | fp32 | int8 (CPU: int8 linear layers) | fast (int8 on CPUs without bf16 instructions)",
+    )
     parser.add_argument("--kv-cache", choices=("auto", "dynamic", "static"), default="auto", help="KV cache layout")
     parser.add_argument("--compile", action="store_true", help="compile the one-token decode steps (static cache)")
     parser.add_argument("--max-new-tokens", type=int, default=768)

@@ -23,7 +23,11 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--large", default="demo", help="known pair name, hub id or local dir (default: demo)")
     parser.add_argument("--small", default="demo", help="known pair name, hub id or local dir (default: demo)")
     parser.add_argument("--cues", default="auto", help="auto | qwen3 | r1 | generic | none | comma list | profile.json")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16) | bf16 | fp32 | int8 (CPU: int8 linear layers)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bf16) | fast (int8 on CPUs without bf16 instructions, else bf16) | bf16 | fp32 | int8 (CPU)",
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument(
         "--compile",
@@ -104,8 +108,8 @@ def _load(args: argparse.Namespace, console: Console) -> tuple[Any, GenerationSe
         engine = RelayEngine.shared(args.large, args.small, device=args.device, dtype=args.dtype, compile=args.compile)
     if _bf16_without_bf16_instructions(engine):
         console.print(
-            "[dim]this CPU has no native bf16 instructions (AVX2 only): --dtype int8 runs the pair about 2x faster "
-            "(answers differ from bf16's; see docs/benchmarks.md)[/dim]"
+            "[dim]this CPU has no native bf16 instructions (AVX2 only): --dtype fast (int8 here) runs the pair about "
+            "2x faster (answers differ from bf16's; see docs/benchmarks.md)[/dim]"
         )
     return engine, settings
 

@@ -26,7 +26,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--cues", default="auto", help="auto | qwen3 | r1 | generic | none | comma list | profile.json")
     parser.add_argument("--single", action="store_true", help="serve one model (--model) as a completion server")
     parser.add_argument("--model", default=None, help="with --single: pair role (demo:small), hub id or local dir")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16) | bf16 | fp32 | int8 (CPU: int8 linear layers)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bf16) | fast (int8 on CPUs without bf16 instructions, else bf16) | bf16 | fp32 | int8 (CPU)",
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument(
         "--compile",

@@ -26,6 +26,35 @@ def test_weight_format_names_are_canonical(spec, name, dtype, quantized):
     assert pick_weights(spec) == WeightFormat(name, dtype, quantized)
 
 
+@pytest.mark.parametrize(
+    ("native_bf16", "device", "expected"),
+    [
+        (False, None, "int8"),  # an AVX2-only CPU: int8 is the measured fast path
+        (False, torch.device("cpu"), "int8"),
+        (True, torch.device("cpu"), "bf16"),  # AVX512-BF16 / AMX: bf16 passes are already cheap
+        (False, torch.device("cuda"), "bf16"),  # a GPU, whatever the host CPU has
+    ],
+)
+def test_fast_picks_int8_only_on_cpus_without_bf16_instructions(monkeypatch, native_bf16, device, expected):
+    import relaygen_integrations.engine.models as models
+
+    monkeypatch.setattr(models, "has_native_bf16", lambda: native_bf16)
+    assert pick_weights("fast", device).name == expected
+    # "fast" shares the loaded weights of what it resolves to (the shared-engine cache keys on the name).
+    assert pick_weights("fast", device) == pick_weights(expected, device)
+
+
+def test_bench_records_what_fast_resolved_to(monkeypatch):
+    import relaygen_integrations.engine.models as models
+    from relaygen_integrations.bench import resolved_dtype
+
+    monkeypatch.setattr(models, "has_native_bf16", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolved_dtype("fast") == "int8 (fast)"
+    assert resolved_dtype("auto") == "bf16 (auto)"
+    assert resolved_dtype("int8") == "int8"
+
+
 def test_int8_reads_the_bf16_copy_and_refuses_gpus():
     assert pick_weights("int8").source_dtype == torch.bfloat16
     with pytest.raises(ValueError, match="CPU only"):

@@ -31,7 +31,11 @@ class RelayModelFields(BaseModel):
         "known pair, else the generic preset).",
     )
     device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
-    dtype: str = Field(default="auto", description="'auto', 'bf16', 'fp16', 'fp32' or 'int8' (CPU only).")
+    dtype: str = Field(
+        default="auto",
+        description="'auto', 'fast' (int8 on CPUs without bf16 instructions, else bf16), 'bf16', 'fp16', 'fp32' or "
+        "'int8' (CPU only).",
+    )
     compile: bool = Field(
         default=False,
         description="Compile each model's one-token decode step over a static KV cache (CUDA graphs on a GPU).",

@@ -9,9 +9,10 @@ from typing import Literal
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .cpu import has_native_bf16
 from .spans import ModelRole
 
-DTypeName = Literal["auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "int8"]
+DTypeName = Literal["auto", "fast", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "int8"]
 
 _DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
@@ -97,17 +98,24 @@ def pick_weights(dtype: str | torch.dtype = "auto", device: torch.device | None 
     CPUs without native bf16 instructions (AVX2 only: see ``engine/cpu.py``) bf16 matrix products with more than one
     row are slow, so catch-up, verification and speculation passes cost many decode steps; int8 makes a decode step
     ~2x and an 8-position pass ~6x cheaper there (docs/benchmarks.md). It changes the numbers the model computes,
-    so its answers differ from bf16's: measure accuracy before relying on it."""
+    so its answers differ from bf16's: measure accuracy before relying on it.
+
+    ``fast`` picks by the hardware: int8 on a CPU without native bf16 instructions (where it was measured ~2x
+    faster per step), bf16 elsewhere (CUDA, and CPUs with AVX512-BF16 or AMX, whose bf16 multi-position passes cost
+    about one step). It is opt-in rather than ``auto`` because on those CPUs it changes the answers."""
     if isinstance(dtype, torch.dtype):
         return WeightFormat(_CANONICAL.get(dtype, str(dtype).removeprefix("torch.")), dtype)
     if dtype == "auto":
         return WeightFormat("bf16", torch.bfloat16)
+    if dtype == "fast":
+        on_cpu = device is None or device.type == "cpu"
+        return pick_weights("int8" if on_cpu and not has_native_bf16() else "bf16", device)
     if dtype == "int8":
         if device is not None and device.type != "cpu":
             raise ValueError(f"dtype 'int8' (dynamic int8 quantization) runs on the CPU only, not on {device}")
         return WeightFormat("int8", torch.float32, quantized=True)
     if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of {['auto', *_DTYPES, 'int8']}")
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {['auto', 'fast', *_DTYPES, 'int8']}")
     return WeightFormat(_CANONICAL[_DTYPES[dtype]], _DTYPES[dtype])
 
 
