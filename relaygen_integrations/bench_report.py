@@ -65,6 +65,11 @@ def _backend_text(machine: dict[str, Any]) -> str:
     )
 
 
+def machine_text(machine: dict[str, Any]) -> str:
+    """What measured a run: CPU, cores, threads, torch, dtype, device, KV cache (or the servers), CPU flags."""
+    return f"{machine['cpu']}, {machine['cores']} cores{_backend_text(machine)}{_cpu_flags_text(machine)}"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     config, machine, summary = report["config"], report["machine"], report["summary"]
     remote = machine.get("backend") == "remote"
@@ -72,8 +77,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Benchmark: {pair} on GSM8K ({summary[next(iter(summary))]['n']} problems)",
         "",
-        f"Machine: {machine['cpu']}, {machine['cores']} cores{_backend_text(machine)}"
-        f"{_cpu_flags_text(machine)}. "
+        f"Machine: {machine_text(machine)}. "
         f"{'Greedy' if not config['temperature'] else 'T=' + str(config['temperature'])}, "
         f"max {config['max_new_tokens']}"
         f' new tokens, cues `{config["cues"]}`. System prompt: "{MATH_SYSTEM_PROMPT}"',

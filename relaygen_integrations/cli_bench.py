@@ -48,6 +48,20 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--rerender", type=Path, default=None, metavar="DIR", help="recompute the report of a saved run in DIR"
     )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        default=None,
+        metavar=("DIR_A", "DIR_B"),
+        help="compare one mode of two saved runs (e.g. int8 against bf16) on the problems both ran",
+    )
+    parser.add_argument(
+        "--compare-mode",
+        default="large",
+        metavar="MODE[,MODE_B]",
+        help="the mode to compare (default: large); MODE,MODE_B pairs MODE of DIR_A with MODE_B of DIR_B",
+    )
     parser.set_defaults(func=run_bench)
 
 
@@ -55,6 +69,12 @@ def run_bench(args: argparse.Namespace) -> int:
     from .bench import BenchConfig, rerender, run_benchmark
 
     console = Console()
+    if args.compare is not None:
+        from .bench_compare import compare_saved
+
+        mode_a, _, mode_b = args.compare_mode.partition(",")
+        print(compare_saved(args.compare[0], args.compare[1], mode_a.strip(), mode_b.strip() or mode_a.strip()))
+        return 0
     if args.rerender is not None:
         rerender(args.rerender)
         console.print((args.rerender / "report.md").read_text())

@@ -293,3 +293,30 @@ def test_bench_quick_runs_every_mode_on_the_demo_pair(tmp_path):
     assert all(r["completion_tokens"] > 0 for r in report["runs"])
     assert all(r["finish_reason"] == "length" for r in report["runs"])  # 32 tokens never finish a GSM8K answer
     assert "| relay |" in (tmp_path / "report.md").read_text()
+
+
+def test_compare_pairs_one_mode_of_two_saved_runs(tmp_path, capsys):
+    def save(name: str, dtype: str, runs: list[Run]) -> None:
+        (tmp_path / name).mkdir()
+        machine = {**MACHINE, "dtype": dtype}
+        saved = {"config": {}, "machine": machine, "runs": [asdict(r) for r in runs]}
+        (tmp_path / name / "results.json").write_text(json.dumps(saved))
+
+    # bf16 ran problems 0-3, int8 problems 1-4 at half the seconds per token: shared 1, 2, 3.
+    save("bf16", "bf16", [run("large", 2.0, 10, correct=c, problem=p) for p, c in enumerate([True, True, False, True])])
+    save("int8", "int8", [run("large", 1.0, 10, correct=c, problem=p)
+                          for p, c in [(1, False), (2, True), (3, True), (4, True)]]
+         + [run("relay", 1.0, 10, small=3, correct=False, problem=p) for p in (1, 2)])  # fmt: skip
+    assert main(["bench", "--compare", str(tmp_path / "bf16"), str(tmp_path / "int8")]) == 0
+    out = capsys.readouterr().out
+    assert "bf16 on cpu" in out and "int8 on cpu" in out  # both machine lines
+    assert "| 3 | 2 | 2 | 1 (#2) | 1 (#3) | 5.00 | 10.00 | 2.00× |" in out
+    # A mode of A against another mode of B, on the problems they share (1 and 2).
+    assert main(["bench", "--compare", str(tmp_path / "bf16"), str(tmp_path / "int8"), "--compare-mode",
+                 "large,relay"]) == 0  # fmt: skip
+    assert "| 2 | 1 | 0 | 1 (#2) | 0 |" in capsys.readouterr().out
+    # Bad input names the argument at fault, before any work.
+    assert main(["bench", "--compare", str(tmp_path / "bf16"), str(tmp_path / "missing")]) == 1
+    assert "B: " in capsys.readouterr().err
+    assert main(["bench", "--compare", str(tmp_path / "bf16"), str(tmp_path / "int8"), "--compare-mode", "small"]) == 1
+    assert "A: run A has no 'small' runs" in capsys.readouterr().err
