@@ -47,8 +47,8 @@ def compare_runs(a_runs: list[Run], b_runs: list[Run], mode_a: str, mode_b: str)
     shared = {r.problem for r in a} & {r.problem for r in b}
     return {
         "paired": paired["paired"],
-        "correct_a": sum(r.correct for r in a if r.problem in shared),
-        "correct_b": sum(r.correct for r in b if r.problem in shared),
+        "correct_a": paired["both"] + len(paired["only_large"]),
+        "correct_b": paired["both"] + len(paired["only_mode"]),
         "only_a": paired["only_large"],
         "only_b": paired["only_mode"],
         "speedup_b_over_a": paired.get("paired_speedup", 0.0),
