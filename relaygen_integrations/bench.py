@@ -33,7 +33,7 @@ from .bench_summary import Run as Run
 from .bench_summary import is_relay_mode as is_relay_mode
 from .bench_summary import is_verify_mode as is_verify_mode
 from .bench_summary import summarize as summarize
-from .engine.cpu import cpu_model_and_flags
+from .engine.cpu import cpu_model_and_flags, isa_limits
 from .engine.engine import GenerationError, RelayEngine
 from .engine.kv import CacheOptions, KVCacheKind
 from .engine.models import pick_weights
@@ -53,6 +53,7 @@ class BenchConfig(BaseModel):
     dtype: str = "bf16"
     kv_cache: KVCacheKind = "auto"  # the engine's KV cache: dynamic (default), static; compile implies static
     compile: bool = False  # compiled one-token decode steps (engine/kv.py)
+    draft_vocab: int | None = Field(None, ge=1)  # speculative drafts score this many tokens (engine/draft_head.py)
     max_new_tokens: int = Field(768, ge=1)
     temperature: float = 0.0
     seed: int | None = 0
@@ -145,6 +146,17 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
                 modes[name] = through_engine("relay", speculative=speculative, verify=arg)  # validates the rule
             except ValueError as exc:  # SettingsError
                 raise ValueError(f"benchmark mode {name!r}: {exc}") from exc
+        elif arg and base in ("relay-spec", "large-spec"):
+            # "relay-spec@<N>" / "large-spec@<N>": drafts over a reduced vocabulary of N tokens (draft_vocab), so it
+            # is compared with full-vocabulary drafts in one run; "relay-spec@<cues>": speculation with another cue set.
+            extra: dict[str, Any] = {"draft_vocab": int(arg)} if arg.isdigit() else {"cues": arg}
+            try:
+                if base == "large-spec" and "cues" in extra:
+                    raise GenerationError("large-spec takes a draft vocabulary size (large-spec@32768), not cues")
+                engine.plan([0], **extra)  # validates the value before any problem runs
+            except GenerationError as exc:
+                raise ValueError(f"benchmark mode {name!r}: {exc}") from exc
+            modes[name] = through_engine(base.removesuffix("-spec"), speculative=True, **extra)
         elif arg and base in RELAY_MODES:
             # "relay@<cues>" / "reprompt@<cues>": the same mode with another cue set (preset, "all-candidates",
             # profile path), so cue sets are compared on one loaded pair in one interleaved run.
@@ -168,7 +180,7 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
         engine = RelayEngine.from_endpoints(*config.endpoints, tokenizer=config.large, cues=config.cues, timeout=600)
     engine = engine or RelayEngine.from_pretrained(
         config.large, config.small, cues=config.cues, dtype=config.dtype, kv_cache=config.kv_cache,
-        compile=config.compile,
+        compile=config.compile, draft_vocab=config.draft_vocab,
     )  # fmt: skip
     if config.concurrency > 1 and engine.backend.serialized:
         raise ValueError(f"concurrency={config.concurrency}: the {engine.backend.kind} backend runs one request at "
@@ -285,9 +297,10 @@ def machine_info(config: BenchConfig) -> dict[str, Any]:
             "cpu_flags": list(flags), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "dtype": resolved_dtype(config.dtype),
             "kv_cache": CacheOptions(kv_cache=config.kv_cache, compile=config.compile).label,
+            "draft_vocab": config.draft_vocab or "full", "isa_limits": isa_limits(),
             "device": "cuda" if torch.cuda.is_available() else "cpu"}  # fmt: skip
     if config.endpoints is not None:
         # The servers' own settings (dtype, threads, cache) are theirs; this records where they were and the load.
         info |= {"backend": "remote", "endpoints": list(config.endpoints), "concurrency": config.concurrency}
-        info.pop("dtype"), info.pop("kv_cache")
+        info.pop("dtype"), info.pop("kv_cache"), info.pop("draft_vocab")
     return info

@@ -29,6 +29,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--kv-cache", choices=("auto", "dynamic", "static"), default="auto", help="KV cache layout")
     parser.add_argument("--compile", action="store_true", help="compile the one-token decode steps (static cache)")
+    parser.add_argument(
+        "--draft-vocab", type=int, default=None, metavar="N",
+        help="speculative drafts score the N most frequent tokens only (+ special and prompt tokens); lossless",
+    )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=768)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/latest"))
@@ -89,6 +93,7 @@ def run_bench(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         kv_cache=args.kv_cache,
         compile=args.compile,
+        draft_vocab=args.draft_vocab,
         max_new_tokens=32 if args.quick else args.max_new_tokens,
         temperature=args.temperature,
         out=args.out,

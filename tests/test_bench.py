@@ -320,3 +320,20 @@ def test_compare_pairs_one_mode_of_two_saved_runs(tmp_path, capsys):
     assert "B: " in capsys.readouterr().err
     assert main(["bench", "--compare", str(tmp_path / "bf16"), str(tmp_path / "int8"), "--compare-mode", "small"]) == 1
     assert "A: run A has no 'small' runs" in capsys.readouterr().err
+
+
+def test_spec_modes_take_a_draft_vocabulary_size_and_write_the_same_text(tmp_path, tokenizer):
+    from helpers import tiny_qwen2
+
+    from relaygen_integrations import RelayEngine
+
+    large, small = tiny_qwen2(tokenizer, seed=1), tiny_qwen2(tokenizer, seed=2, hidden=32, layers=1)
+    engine = RelayEngine.from_models(large, small, tokenizer, cues=["the"], draft_confidence=0.0)
+    modes = ["large-spec", "large-spec@2000", "relay-spec@generic"]
+    report = run_benchmark(BenchConfig(n=1, modes=modes, max_new_tokens=16, out=tmp_path), engine=engine)
+    runs = {r["mode"]: r for r in report["runs"]}
+    assert runs["large-spec@2000"]["text"] == runs["large-spec"]["text"]  # drafts over a subset change no token
+    assert runs["large-spec@2000"]["draft_tokens"] > 0 and runs["relay-spec@generic"]["speculative_rounds"] > 0
+    assert is_relay_mode("relay-spec@generic") and not is_relay_mode("large-spec@2000")
+    with pytest.raises(ValueError, match=re.escape("benchmark mode 'large-spec@generic'")):
+        run_benchmark(BenchConfig(n=1, modes=["large-spec@generic"], out=tmp_path / "bad"), engine=engine)

@@ -44,6 +44,29 @@ def test_fast_picks_int8_only_on_cpus_without_bf16_instructions(monkeypatch, nat
     assert pick_weights("fast", device) == pick_weights(expected, device)
 
 
+@pytest.mark.parametrize(
+    ("flags", "environment", "native"),
+    [
+        (("avx2", "fma"), {}, False),
+        (("avx2", "avx512f", "amx_bf16"), {}, True),
+        (("avx2", "avx512_bf16"), {"ONEDNN_MAX_CPU_ISA": "AVX2"}, False),  # the AVX2 paths of an AMX CPU
+        (("avx2", "avx512_bf16"), {"DNNL_MAX_CPU_ISA": "avx512_core_amx"}, True),
+        (("avx2", "amx_bf16"), {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, False),
+        (("avx2", "amx_bf16"), {"ATEN_CPU_CAPABILITY": "avx2"}, True),  # ATen's own kernels: not the matmuls
+    ],
+)
+def test_native_bf16_follows_the_cpu_and_the_isa_caps_set(monkeypatch, flags, environment, native):
+    from relaygen_integrations.engine import cpu
+
+    monkeypatch.setattr(cpu, "cpu_model_and_flags", lambda: ("test CPU", flags))
+    for name in cpu.ISA_LIMIT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert cpu.has_native_bf16() is native
+    assert cpu.isa_limits() == environment
+
+
 def test_bench_records_what_fast_resolved_to(monkeypatch):
     import relaygen_integrations.engine.models as models
     from relaygen_integrations.bench import resolved_dtype

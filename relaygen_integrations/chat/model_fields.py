@@ -61,6 +61,12 @@ class RelayModelFields(BaseModel):
         description="The small model drafts for the large model's tokens (same greedy output); an int bounds the "
         "adaptive draft length.",
     )
+    draft_vocab: int | None = Field(
+        default=None,
+        ge=0,
+        description="Speculation: drafts score only the N most frequent tokens (+ special and prompt tokens) - cheaper "
+        "drafts, same output; 0 = the whole vocabulary; None = the engine's default.",
+    )
 
     raw_markup: bool = Field(
         default=False,
@@ -98,6 +104,8 @@ class RelayModelFields(BaseModel):
             layer["cues"] = self.cues
         if self.verify is not None:
             layer["verify"] = self.verify
+        if self.draft_vocab is not None:
+            layer["draft_vocab"] = self.draft_vocab
         return layer
 
     def load_engine(self) -> RelayEngine:

@@ -6,6 +6,7 @@ native bf16 instructions, so every benchmark records these flags and compares on
 from __future__ import annotations
 
 import functools
+import os
 import platform
 
 # The instruction-set extensions that decide which matmul kernels torch (oneDNN / MKL / fbgemm) can use.
@@ -33,6 +34,33 @@ def cpu_model_and_flags() -> tuple[str, tuple[str, ...]]:
     return model, tuple(flag for flag in RELEVANT_FLAGS if flag in flags)
 
 
+# Environment variables that cap which instructions torch's kernel libraries use below what the CPU has: ATen's own
+# kernels, oneDNN (bf16 matmuls), MKL and fbgemm (int8). Setting them on an AVX-512/AMX CPU is how a benchmark runs
+# the AVX2 code paths of a CPU without those instructions (docs/benchmarks.md).
+ISA_LIMIT_VARIABLES = (
+    "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+    "FBGEMM_ENABLE_INSTRUCTIONS",
+)  # fmt: skip
+# oneDNN's ISA names from the first one with bf16 dot products on; a cap below it means bf16 matmuls are emulated.
+_ONEDNN_BF16_ISAS = frozenset({
+    "avx512_core_bf16", "avx10_1_512", "avx512_core_fp16", "avx10_1_512_amx", "avx512_core_amx",
+    "avx10_1_512_amx_fp16", "avx512_core_amx_fp16", "all",
+})  # fmt: skip
+_MKL_NO_BF16 = frozenset({"sse4_2", "avx", "avx2", "avx2_e1", "avx512"})
+
+
+def isa_limits() -> dict[str, str]:
+    """The ISA caps set in this process's environment (``ISA_LIMIT_VARIABLES``), for a benchmark's machine line."""
+    return {name: os.environ[name] for name in ISA_LIMIT_VARIABLES if os.environ.get(name)}
+
+
 def has_native_bf16() -> bool:
-    """Whether bf16 matmuls run on bf16 instructions (AVX512-BF16 or AMX) rather than by conversion to fp32."""
-    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_model_and_flags()[1]))
+    """Whether bf16 matmuls run on bf16 instructions (AVX512-BF16 or AMX) rather than by conversion to fp32: the
+    CPU has them and no ISA cap in the environment (``isa_limits``) keeps torch's libraries off them."""
+    if not {"avx512_bf16", "amx_bf16"} & set(cpu_model_and_flags()[1]):
+        return False
+    limits = {name: value.strip().lower() for name, value in isa_limits().items()}
+    onednn = limits.get("ONEDNN_MAX_CPU_ISA") or limits.get("DNNL_MAX_CPU_ISA")
+    if onednn is not None and onednn not in _ONEDNN_BF16_ISAS:
+        return False
+    return limits.get("MKL_ENABLE_INSTRUCTIONS") not in _MKL_NO_BF16

@@ -20,6 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .backend import Backend, BackendCapabilityError
 from .cues import CueConfigError, CueSet, resolve_cues
+from .draft_head import DraftVocab
 from .generate import drive
 from .guard import EngineBusyError, RequestLock, check_prompt_ids, policy_config
 from .kv import KVCacheKind, cache_options
@@ -121,19 +122,17 @@ class RelayEngine:
         speculative: bool | int = False,
         verify: VerifyRule | str | None = None,
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+        draft_vocab: DraftVocab = None,
         kv_cache: KVCacheKind = "auto",
         compile: bool = False,
     ) -> RelayEngine:
         """An engine over two loaded transformers models (the small one may be None: mode ``large`` only).
         ``kv_cache="static"`` preallocates each model's KV cache; ``compile=True`` (static cache implied) compiles
-        the one-token decode step - CUDA graphs on a GPU (see ``engine/kv.py``)."""
-        if isinstance(draft_confidence, bool) or not isinstance(draft_confidence, (int, float)):
-            raise GenerationError(f"draft_confidence must be a probability in [0, 1], got {draft_confidence!r}")
-        if not 0.0 <= draft_confidence <= 1.0:
-            raise GenerationError(f"draft_confidence must be a probability in [0, 1], got {draft_confidence!r}")
+        the one-token decode step - CUDA graphs on a GPU (see ``engine/kv.py``). ``draft_vocab=N``: speculative
+        drafts score the N most frequent tokens (+ special and prompt tokens) only - lossless (``draft_head.py``)."""
         backend = LocalBackend(
             large, small, tokenizer, large_name=large_name, small_name=small_name, reuse_prefix=reuse_prefix,
-            draft_confidence=float(draft_confidence), cache=cache_options(kv_cache, compile),
+            draft_confidence=draft_confidence, draft_vocab=draft_vocab, cache=cache_options(kv_cache, compile),
         )  # fmt: skip
         return cls(backend, tokenizer, cues, policy, pair_name=pair_name, speculative=speculative, verify=verify)
 
@@ -153,6 +152,7 @@ class RelayEngine:
         speculative: bool | int = False,
         verify: VerifyRule | str | None = "auto",
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+        draft_vocab: DraftVocab = None,
         kv_cache: KVCacheKind = "auto",
         compile: bool = False,
     ) -> RelayEngine:
@@ -186,6 +186,7 @@ class RelayEngine:
             speculative=speculative,
             verify=shipped_verify_rule(pair_name) if verify == "auto" else verify,
             draft_confidence=draft_confidence,
+            draft_vocab=draft_vocab,
             kv_cache=kv_cache,
             compile=compile,
         )

@@ -8,12 +8,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .backend import BackendCapabilityError
 from .calibrate import token_margins
+from .draft_head import DraftHead, DraftVocab, build_draft_head
 from .generate import LocalSession, Speculation
 from .kv import CacheOptions
 from .models import context_window, eos_token_ids
 from .runner import ModelRunner
 from .sampling import Sampler
-from .settings import GenerationPlan
+from .settings import GenerationError, GenerationPlan
 from .spans import ModelRole
 from .speculative import DEFAULT_DRAFT_CONFIDENCE, DraftLength
 from .transcript import Transcript
@@ -36,18 +37,29 @@ class LocalBackend:
         small_name: str = "small",
         reuse_prefix: bool = True,
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+        draft_vocab: DraftVocab = None,
         cache: CacheOptions | None = None,
     ) -> None:
+        if isinstance(draft_confidence, bool) or not isinstance(draft_confidence, (int, float)):
+            raise GenerationError(f"draft_confidence must be a probability in [0, 1], got {draft_confidence!r}")
+        if not 0.0 <= draft_confidence <= 1.0:
+            raise GenerationError(f"draft_confidence must be a probability in [0, 1], got {draft_confidence!r}")
         self.large_name, self.small_name = large_name, small_name
         self.cache_options = cache or CacheOptions()
         self.runners: dict[ModelRole, ModelRunner] = {"large": ModelRunner("large", large, self.cache_options)}
         if small is not None:
             self.runners["small"] = ModelRunner("small", small, self.cache_options)
+        self.tokenizer = tokenizer
+        # Reduced draft vocabularies, built once per size asked for; the engine's default one is built (and
+        # checked) now, so a bad ``draft_vocab`` fails before any request.
+        self.draft_heads: dict[object, DraftHead | None] = {}
+        self.default_draft_vocab = draft_vocab
+        self.draft_head(None)
         self.eos_ids = eos_token_ids(large, tokenizer)
         self.context_window = context_window(large)
         self.reuse_prefix = reuse_prefix
         # Speculation: a draft stops after a token the small model gave less than this probability (0 = never).
-        self.draft_confidence = draft_confidence
+        self.draft_confidence = float(draft_confidence)
 
     @property
     def roles(self) -> frozenset[ModelRole]:
@@ -63,6 +75,8 @@ class LocalBackend:
         speculation = (
             Speculation(DraftLength(plan.speculative), self.draft_confidence) if plan.speculative and both else None
         )
+        if speculation is not None:
+            self.runners["small"].draft_head = self.draft_head(plan.settings.draft_vocab)
         return LocalSession(
             runners,
             transcript,
@@ -71,6 +85,18 @@ class LocalBackend:
             reprefill_segments=plan.reprefill_segments,
             speculation=speculation,
         )
+
+    def draft_head(self, request: int | None) -> DraftHead | None:
+        """The drafting model's output layer for a request's ``draft_vocab`` (None: the engine's default; 0: the
+        whole vocabulary), built on first use."""
+        spec: DraftVocab = self.default_draft_vocab if request is None else (request or None)
+        small = self.runners.get("small")
+        if spec is None or small is None:
+            return None
+        key = tuple(spec) if isinstance(spec, Sequence) and not isinstance(spec, str) else spec
+        if key not in self.draft_heads:
+            self.draft_heads[key] = build_draft_head(small.model, self.tokenizer, spec)
+        return self.draft_heads[key]
 
     def token_margins(self, role: ModelRole, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
         return token_margins(self.local_model(role), prompt_ids, completion_ids)

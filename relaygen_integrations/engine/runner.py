@@ -5,7 +5,9 @@ forward-passes only the tokens it has not seen yet - the prompt once, a decode s
 the other model's whole segment in one catch-up pass. A new request that shares a prefix with what the cache holds
 (a chat's system prompt, an agent's growing history) crops the cache back to that prefix instead of re-prefilling it.
 The cache is transformers' ``DynamicCache`` or, with ``CacheOptions(kv_cache="static")``, a preallocated
-``StaticCache`` whose one-token step can be compiled (``.kv``).
+``StaticCache`` whose one-token step can be compiled (``.kv``). A drafting small model may score its drafts over a
+reduced vocabulary (``.draft_head``): those passes keep the last hidden state, and the full logits are projected from
+it only if the model is then asked to write a token of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
+from .draft_head import DraftHead
 from .kv import CacheOptions, check_static_support, compile_decode_step, ensure_cache, rewind
 from .spans import ModelRole
 
@@ -49,6 +52,8 @@ class ModelRunner:
     stats: ForwardStats = field(default_factory=ForwardStats)
     on_forward: ForwardObserver | None = None
     reserved: int = 0  # positions the current request expects to need (a static cache is sized for them up front)
+    draft_head: DraftHead | None = None  # drafts score a reduced vocabulary (``draft_head.py``)
+    last_hidden: torch.Tensor | None = None  # after a draft-head pass: the hidden state whose full logits are unmade
     cache_kwarg: str = field(init=False)
     decode_step: Callable[..., object] | None = field(init=False, default=None)  # compiled one-token forward
 
@@ -73,7 +78,7 @@ class ModelRunner:
         else:
             self.cache = None
         self.cached_ids = []
-        self.last_logits = None
+        self.last_logits = self.last_hidden = None
 
     def begin_request(
         self,
@@ -89,6 +94,8 @@ class ModelRunner:
         self.stats = ForwardStats()
         self.on_forward = on_forward
         self.reserved = expected_len
+        if self.draft_head is not None:
+            self.draft_head.begin_request(prompt_ids)
         keep = 0
         if reuse_prefix and self.cache is not None:
             limit = min(len(self.cached_ids), len(prompt_ids) - 1)
@@ -100,26 +107,51 @@ class ModelRunner:
         if keep < len(self.cached_ids):
             rewind(self.cache, keep)  # type: ignore[arg-type]
             del self.cached_ids[keep:]
-            self.last_logits = None
+            self.last_logits = self.last_hidden = None
         self.stats.reused_tokens = keep
 
     def logits_for(self, ids: list[int]) -> torch.Tensor:
         """Next-token logits (1-D, float32) after ``ids``, forwarding only the tokens this runner has not seen."""
         seen = len(self.cached_ids)
+        if seen == len(ids) and self.last_logits is None and self.last_hidden is not None:
+            # The last pass scored a draft over a reduced vocabulary: project its hidden state onto the whole one.
+            self.last_logits = project(self, self.last_hidden)
         if seen == len(ids) and self.last_logits is not None:
             return self.last_logits
         if seen >= len(ids):
             raise RuntimeError(f"{self.role} runner holds {seen} tokens but the sequence has only {len(ids)}")
         self._account(seen, len(ids))
-        self.last_logits = forward_tokens(self, ids[seen:])
+        self.last_logits, self.last_hidden = forward_tokens(self, ids[seen:]), None
         return self.last_logits
+
+    def draft_logits(self, ids: list[int]) -> torch.Tensor:
+        """:meth:`logits_for` for a draft's first token: over the draft head's subset when there is one."""
+        seen = len(self.cached_ids)
+        if self.draft_head is None or (seen == len(ids) and self.last_logits is not None):
+            return self.logits_for(ids)
+        if seen == len(ids) and self.last_hidden is not None:
+            return self.draft_head.logits(self.last_hidden)[0]
+        if seen >= len(ids):
+            raise RuntimeError(f"{self.role} runner holds {seen} tokens but the sequence has only {len(ids)}")
+        self._account(seen, len(ids))
+        return self._draft_pass(ids[seen:])
 
     def draft_step(self, token: int) -> torch.Tensor:
         """Appends one draft token (not yet accepted by anyone) and returns the logits after it."""
         self.stats.draft_tokens += 1
         self.stats.forward_passes += 1
-        self.last_logits = forward_tokens(self, [token])
+        if self.draft_head is not None:
+            return self._draft_pass([token])
+        self.last_logits, self.last_hidden = forward_tokens(self, [token]), None
         return self.last_logits
+
+    def _draft_pass(self, new_ids: list[int]) -> torch.Tensor:
+        assert self.draft_head is not None
+        self.last_hidden, self.last_logits = forward_hidden(self, new_ids), None
+        started = time.perf_counter()
+        logits = self.draft_head.logits(self.last_hidden)[0]
+        self.stats.forward_seconds += time.perf_counter() - started  # the output layer is part of the pass
+        return logits
 
     def verify(self, ids: list[int], draft: list[int]) -> torch.Tensor:
         """Logits after ``ids`` and after each draft prefix — ``len(draft) + 1`` rows — in ONE forward pass over the
@@ -130,7 +162,7 @@ class ModelRunner:
         self._account(seen, len(ids))
         self.stats.verified_tokens += len(draft)
         logits = forward_tokens(self, ids[seen:] + draft, keep=len(draft) + 1).reshape(len(draft) + 1, -1)
-        self.last_logits = logits[-1]
+        self.last_logits, self.last_hidden = logits[-1], None
         return logits
 
     def score(self, ids: list[int], start: int) -> torch.Tensor:
@@ -142,7 +174,7 @@ class ModelRunner:
         self._account(seen, len(ids))
         keep = len(ids) - start + 1
         rows = forward_tokens(self, ids[seen:], keep=keep).reshape(keep, -1)
-        self.last_logits = rows[-1]
+        self.last_logits, self.last_hidden = rows[-1], None
         return rows
 
     def sync_to(self, ids: list[int]) -> None:
@@ -158,7 +190,7 @@ class ModelRunner:
                 return
             rewind(self.cache, keep)  # type: ignore[arg-type]
             del self.cached_ids[keep:]
-            self.last_logits = None
+            self.last_logits = self.last_hidden = None
 
     def _account(self, seen: int, total: int) -> None:
         self.stats.forward_passes += 1
@@ -173,27 +205,54 @@ def forward_tokens(runner: ModelRunner, new_ids: list[int], keep: int = 1) -> to
 
     ``logits_to_keep`` matters: a 32-token catch-up would otherwise project all 32 positions onto a 152k vocab.
     """
-    seen = len(runner.cached_ids)
-    needed = max(seen + len(new_ids), runner.reserved)
-    runner.cache = ensure_cache(runner.cache, runner.model, runner.options, needed, seen)
-    input_ids = torch.tensor([new_ids], dtype=torch.long, device=runner.device)
-    kwargs: dict[str, object] = {runner.cache_kwarg: runner.cache}
+    input_ids, kwargs = _pass_inputs(runner, new_ids)
     forward: Callable[..., object] = runner.model
     compiled = runner.decode_step is not None and len(new_ids) == 1 and keep == 1
-    if runner.options.static:
-        # Positions are explicit: a rewound static cache still holds stale slots, which only positions can mask.
-        kwargs["position_ids"] = torch.arange(seen, seen + len(new_ids), device=runner.device)[None]
-        if compiled:
-            forward = runner.decode_step  # type: ignore[assignment]
-            runner.stats.compiled_steps += 1
+    if compiled:
+        forward = runner.decode_step  # type: ignore[assignment]
+        runner.stats.compiled_steps += 1
     started = time.perf_counter()
     output = forward(input_ids=input_ids, use_cache=True, logits_to_keep=keep, **kwargs)
     logits = output.logits[0, -1].float() if keep == 1 else output.logits[0, -keep:].float()  # type: ignore[attr-defined]
     if compiled:
         logits = logits.clone()  # a CUDA graph's outputs are overwritten by its next replay
-    if logits.device.type == "cuda":
+    _finish_pass(runner, new_ids, started, logits)
+    return logits
+
+
+@torch.inference_mode()
+def forward_hidden(runner: ModelRunner, new_ids: list[int]) -> torch.Tensor:
+    """:func:`forward_tokens` without the output layer: the last position's final hidden state, ``(1, hidden)``,
+    for a draft head to score (the model's body runs eagerly: a compiled step includes the full projection)."""
+    input_ids, kwargs = _pass_inputs(runner, new_ids)
+    started = time.perf_counter()
+    output = runner.model.base_model(input_ids=input_ids, use_cache=True, **kwargs)
+    hidden = output.last_hidden_state[0, -1:]  # type: ignore[attr-defined]
+    _finish_pass(runner, new_ids, started, hidden)
+    return hidden
+
+
+@torch.inference_mode()
+def project(runner: ModelRunner, hidden: torch.Tensor) -> torch.Tensor:
+    """The full next-token logits (1-D, float32) from a final hidden state: what the model's own forward computes."""
+    return runner.model.get_output_embeddings()(hidden[None])[0, -1].float()
+
+
+def _pass_inputs(runner: ModelRunner, new_ids: list[int]) -> tuple[torch.Tensor, dict[str, object]]:
+    seen = len(runner.cached_ids)
+    needed = max(seen + len(new_ids), runner.reserved)
+    runner.cache = ensure_cache(runner.cache, runner.model, runner.options, needed, seen)
+    input_ids = torch.tensor([new_ids], dtype=torch.long, device=runner.device)
+    kwargs: dict[str, object] = {runner.cache_kwarg: runner.cache}
+    if runner.options.static:
+        # Positions are explicit: a rewound static cache still holds stale slots, which only positions can mask.
+        kwargs["position_ids"] = torch.arange(seen, seen + len(new_ids), device=runner.device)[None]
+    return input_ids, kwargs
+
+
+def _finish_pass(runner: ModelRunner, new_ids: list[int], started: float, result: torch.Tensor) -> None:
+    if result.device.type == "cuda":
         # Kernels run asynchronously; the sampler would wait for them right after anyway, so timing here costs nothing.
-        torch.cuda.synchronize(logits.device)
+        torch.cuda.synchronize(result.device)
     runner.stats.forward_seconds += time.perf_counter() - started
     runner.cached_ids.extend(new_ids)
-    return logits

@@ -87,6 +87,9 @@ class GenerationSettings(BaseModel):
     """The request's own cues (a preset, a profile path, a list); None = the engine's."""
     speculative: bool | Annotated[int, Field(ge=0, le=MAX_DRAFT_LIMIT, strict=True)] | None = None
     """Self-speculative decoding: True / False, or a maximum draft length; None = the engine's default."""
+    draft_vocab: Annotated[int, Field(ge=0, strict=True)] | None = None
+    """Speculation: drafts score only the N most frequent tokens (+ special and prompt tokens), which makes a draft
+    step cheaper and changes no output (``engine/draft_head.py``); 0 = the whole vocabulary; None = the engine's."""
     reprefill_segments: bool = False
     """Baseline only: every segment re-reads the whole sequence, as RelayGen's original serving did."""
     verify: VerifySetting = None

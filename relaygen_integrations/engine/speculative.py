@@ -73,7 +73,7 @@ def draft(
     """
     if length <= 0:
         return [], []
-    logits = small.logits_for(ids)  # catch-up on everything committed since the last draft
+    logits = small.draft_logits(ids)  # catch-up on everything committed since the last draft
     tokens: list[int] = []
     draft_probs: list[torch.Tensor] = []
     context = [] if sampler.params.greedy else list(ids)  # only sampling's processors read the sequence

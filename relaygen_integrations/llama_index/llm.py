@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 # (it forwards whatever a caller gives chat_with_tools) is ignored, as other LlamaIndex LLMs do.
 _SETTING_KEYS = (
     "max_tokens", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "mode", "speculative", "cues",
-    "verify",
+    "verify", "draft_vocab",
 )  # fmt: skip
 
 
