@@ -51,6 +51,13 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         help="the small model drafts for the large model's tokens (lossless); optional maximum draft length K",
     )
     parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --speculative: drafts score only the N most frequent tokens (+ special, prompt tokens); same text",
+    )
+    parser.add_argument(
         "--verify",
         default=None,
         metavar="RULE",
@@ -102,6 +109,7 @@ def _load(args: argparse.Namespace, console: Console) -> tuple[Any, GenerationSe
             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
             "top_k": args.top_k, "seed": args.seed, "stop": args.stop, "mode": args.mode,
             "speculative": args.speculative, "cues": _cues_arg(args.cues), "verify": args.verify,
+            "draft_vocab": args.draft_vocab,
         }
     )  # fmt: skip
     with console.status("loading the model pair (first use fetches it) ..."):

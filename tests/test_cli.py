@@ -84,3 +84,8 @@ def test_demo_table_counts_the_rejected_tokens_of_a_verified_relay(scripted, cap
 def test_demo_without_comparison_runs_relay_only(scripted, capsys):
     assert main(["demo", "--no-compare", "--json", "--max-new-tokens", "100"]) == 0
     assert list(json.loads(capsys.readouterr().out)["runs"]) == ["relay"]
+
+
+def test_generate_refuses_a_bad_draft_vocabulary_before_loading(scripted, capsys):
+    assert main(["generate", "Add two and three.", "--speculative", "--draft-vocab", "-5"]) != 0
+    assert "draft_vocab" in capsys.readouterr().err and scripted == []  # no engine was asked for

@@ -105,11 +105,15 @@ def test_the_small_models_own_tokens_come_from_its_full_output_layer(tokenizer, 
     assert torch.isfinite(cached).all()
 
 
-@pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.parametrize("quantized", [None, "per-tensor", "per-channel"])
 def test_the_subset_logits_are_the_full_layers_rows(tokenizer, quantized):
     model = tiny_qwen2(tokenizer, seed=3, hidden=32, layers=1)
-    if quantized:
+    if quantized == "per-tensor":
         model = quantize_linear_int8(model)
+    elif quantized == "per-channel":
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        model = quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
     ids = draft_vocab_ids(5000, tokenizer, len(tokenizer))
     assert ids is not None and len(ids) == 5000 + sum(i >= 5000 for i in set(tokenizer.all_special_ids) | set(
         tokenizer.added_tokens_decoder))  # fmt: skip

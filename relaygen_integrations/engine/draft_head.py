@@ -68,43 +68,61 @@ def draft_vocab_ids(spec: DraftVocab, tokenizer: PreTrainedTokenizerBase, vocab_
     return None if len(ids) >= vocab_size else ids
 
 
-def _row_weights(head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
-    """The output layer's weight rows ``rows`` as float32 (dequantized for an int8 layer)."""
-    if isinstance(head, nn.Linear):
-        return head.weight.detach()[rows].float()
-    weight = head.weight()  # an int8 dynamic-quantized layer: a quantized tensor
-    ints = weight.int_repr()[rows].float()
-    if weight.qscheme() == torch.per_tensor_affine:
-        return (ints - weight.q_zero_point()) * weight.q_scale()
-    scales = weight.q_per_channel_scales()[rows].float()[:, None]
-    return (ints - weight.q_per_channel_zero_points()[rows].float()[:, None]) * scales
+class _Rows:
+    """An output layer's weight, readable by rows. An int8 layer's weight is held prepacked by fbgemm and unpacking
+    it takes about a second, so it is unpacked once, here, and its integers and scales kept (one byte a weight)."""
 
+    def __init__(self, head: nn.Module) -> None:
+        self.head = head
+        if isinstance(head, nn.Linear):
+            self.weight, bias = head.weight.detach(), head.bias
+        else:
+            self.weight, bias = head._weight_bias()  # the int8 layer's own unpacking, done once (weight() and
+            # bias() each unpack anew)
+        self.bias = None if bias is None else bias.detach()
+        self.quantized = self.weight.is_quantized
+        if self.quantized:
+            quantized, self.ints = self.weight, self.weight.int_repr()
+            self.per_tensor = quantized.qscheme() == torch.per_tensor_affine
+            if self.per_tensor:
+                self.scale, self.zero_point = quantized.q_scale(), quantized.q_zero_point()
+                self.scales, self.zero_points = torch.tensor([self.scale]), torch.tensor([float(self.zero_point)])
+            else:
+                self.scales, self.zero_points = quantized.q_per_channel_scales(), quantized.q_per_channel_zero_points()
+            self.weight = self.ints  # the integers are all that is kept: no second copy of the quantized tensor
 
-def _restricted(head: nn.Module, rows: torch.Tensor) -> nn.Module:
-    """A layer computing ``head``'s outputs ``rows`` only, of the same kind. An int8 layer keeps its integer
-    weights and scales, so each kept logit is the one the full layer computes."""
-    bias = head.bias if isinstance(head, nn.Linear) else head.bias()
-    if isinstance(head, nn.Linear):
-        weight = head.weight
-        layer = nn.Linear(head.in_features, len(rows), bias=bias is not None, dtype=weight.dtype, device=weight.device)
-        with torch.no_grad():
-            layer.weight.copy_(head.weight[rows])
-            if bias is not None:
-                layer.bias.copy_(bias[rows])
-        return layer.requires_grad_(False).eval()
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+    def float_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Weight rows ``rows`` and their biases as float32 (dequantized for an int8 layer)."""
+        bias = None if self.bias is None else self.bias[rows].float()
+        if not self.quantized:
+            return self.weight[rows].float(), bias
+        scales = (self.scales if self.per_tensor else self.scales[rows]).float()[:, None]
+        zero_points = (self.zero_points if self.per_tensor else self.zero_points[rows]).float()[:, None]
+        return (self.ints[rows].float() - zero_points) * scales, bias
 
-    weight = head.weight()
-    ints = weight.int_repr()[rows].contiguous()
-    if weight.qscheme() == torch.per_tensor_affine:
-        kept = torch._make_per_tensor_quantized_tensor(ints, weight.q_scale(), weight.q_zero_point())
-    else:
-        kept = torch._make_per_channel_quantized_tensor(
-            ints, weight.q_per_channel_scales()[rows], weight.q_per_channel_zero_points()[rows], 0
-        )
-    layer = DynamicQuantizedLinear(head.in_features, len(rows), dtype=torch.qint8)
-    layer.set_weight_bias(kept, None if bias is None else bias[rows].contiguous())
-    return layer
+    def restricted(self, rows: torch.Tensor) -> nn.Module:
+        """A layer computing outputs ``rows`` only, of the same kind. An int8 layer keeps its integer weights and
+        scales, so each kept logit is the one the full layer computes."""
+        bias = None if self.bias is None else self.bias[rows].contiguous()
+        if not self.quantized:
+            weight = self.weight[rows]
+            layer = nn.Linear(weight.shape[1], len(rows), bias=bias is not None, dtype=weight.dtype,
+                              device=weight.device)  # fmt: skip
+            with torch.no_grad():
+                layer.weight.copy_(weight)
+                if bias is not None:
+                    layer.bias.copy_(bias)
+            return layer.requires_grad_(False).eval()
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+        ints = self.ints[rows].contiguous()
+        if self.per_tensor:
+            kept = torch._make_per_tensor_quantized_tensor(ints, self.scale, self.zero_point)
+        else:
+            kept = torch._make_per_channel_quantized_tensor(ints, self.scales[rows], self.zero_points[rows], 0)
+        layer = DynamicQuantizedLinear(ints.shape[1], len(rows), dtype=torch.qint8)
+        layer.set_weight_bias(kept, bias)
+        return layer
 
 
 class DraftHead:
@@ -127,11 +145,11 @@ class DraftHead:
                 f"{type(model).__name__}'s output layer ({type(head).__name__}) is not a linear layer; leave "
                 "draft_vocab unset"
             )
-        self.source = head
+        self.rows = _Rows(head)
         self.vocab_size = int(head.out_features)
         self.device = model.device
         self.base_ids = ids.to(self.device)
-        self.base = _restricted(head, ids)
+        self.base = self.rows.restricted(ids)
         self.in_base = torch.zeros(self.vocab_size, dtype=torch.bool)
         self.in_base[ids] = True
         self.extra_ids = torch.empty(0, dtype=torch.long, device=self.device)
@@ -152,9 +170,7 @@ class DraftHead:
         if not len(extra):
             self.extra_weight = self.extra_bias = None
             return
-        self.extra_weight = _row_weights(self.source, self.extra_ids)
-        bias = self.source.bias if isinstance(self.source, nn.Linear) else self.source.bias()
-        self.extra_bias = None if bias is None else bias.detach()[self.extra_ids].float()
+        self.extra_weight, self.extra_bias = self.rows.float_rows(self.extra_ids)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -75,8 +75,9 @@ class LocalBackend:
         speculation = (
             Speculation(DraftLength(plan.speculative), self.draft_confidence) if plan.speculative and both else None
         )
-        if speculation is not None:
-            self.runners["small"].draft_head = self.draft_head(plan.settings.draft_vocab)
+        if "small" in runners:  # only drafts read it: a request that drafts nothing prepares no subset
+            drafts = speculation is not None
+            self.runners["small"].draft_head = self.draft_head(plan.settings.draft_vocab) if drafts else None
         return LocalSession(
             runners,
             transcript,
