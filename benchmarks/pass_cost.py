@@ -23,7 +23,7 @@ from rich.table import Table
 from transformers import DynamicCache
 from transformers.utils import logging as hf_logging
 
-from relaygen_integrations.engine.cpu import cpu_model_and_flags
+from relaygen_integrations.engine.cpu import cpu_model_and_flags, isa_limits
 from relaygen_integrations.engine.models import (
     load_causal_lm,
     pick_device,
@@ -66,8 +66,11 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     console = Console()
     cpu, flags = cpu_model_and_flags()
-    machine = {"cpu": cpu, "cpu_flags": list(flags), "threads": torch.get_num_threads(), "torch": torch.__version__}
-    console.print(f"{cpu}, flags {' '.join(flags) or '-'}, {machine['threads']} threads, torch {torch.__version__}")
+    machine = {"cpu": cpu, "cpu_flags": list(flags), "threads": torch.get_num_threads(), "torch": torch.__version__,
+               "isa_limits": isa_limits(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}  # fmt: skip
+    limits = " ".join(f"{k}={v}" for k, v in machine["isa_limits"].items()) or "none"  # type: ignore[union-attr]
+    console.print(f"{cpu}, flags {' '.join(flags) or '-'}, ISA caps {limits}, {machine['threads']} threads, "
+                  f"torch {torch.__version__}")  # fmt: skip
     torch.manual_seed(0)
     context = torch.randint(1000, 20000, (1, args.context))
     results: dict[str, dict[str, dict[int, float]]] = {}

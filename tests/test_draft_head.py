@@ -202,3 +202,15 @@ def test_a_static_cache_drafts_over_a_subset_exactly_too(tokenizer, pair, cues):
     static = engine_over(tokenizer, *pair, cues=cues, draft_vocab=VOCAB, kv_cache="static")
     result = static.generate_ids(prompt_ids, max_new_tokens=40, speculative=4)
     assert result.completion_ids == eager.completion_ids and result.usage.draft_tokens > 0
+
+
+def test_the_demo_pair_ships_the_draft_vocabulary_its_benchmark_chose():
+    import json
+
+    from relaygen_integrations.engine.cues import shipped_profile
+    from relaygen_integrations.engine.draft_head import shipped_draft_vocab
+
+    profile = json.loads(shipped_profile("demo").read_text(encoding="utf-8"))
+    assert shipped_draft_vocab("demo") == profile["draft_vocab"]["size"] > 0
+    assert profile["draft_vocab"]["benchmark"].startswith("benchmarks/data/")  # where the choice is measured
+    assert shipped_draft_vocab(None) is None and shipped_draft_vocab("no-such-pair") is None

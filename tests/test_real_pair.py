@@ -88,3 +88,17 @@ def test_self_speculation_on_the_real_pair(engine, questions):
     # answers can come late, see test_both_models_write_spans_on_gsm8k).
     relay = engine.generate_ids(prompt_ids, max_new_tokens=160, speculative=True)
     assert relay.usage.small_tokens > 0 and relay.usage.draft_tokens > 0, relay.spans
+
+
+def test_drafts_over_the_shipped_subset_on_the_real_pair(engine, questions):
+    """from_pretrained's draft_vocab="auto" takes the demo profile's subset: the drafts score 32k tokens plus the
+    prompt's, and are accepted about as often as drafts over the whole vocabulary."""
+    head = engine.backend.draft_head(None)
+    assert head is not None and len(head.base_ids) < 40_000
+    prompt_ids = engine.encode_messages(math_messages(questions[1]))
+    runs = {
+        vocab: engine.generate_ids(prompt_ids, max_new_tokens=48, mode="large", speculative=True, draft_vocab=vocab)
+        for vocab in (0, None)
+    }
+    assert runs[None].usage.draft_tokens > 0 and head.size > len(head.base_ids)  # the prompt's rows were added
+    assert runs[None].usage.acceptance_rate > runs[0].usage.acceptance_rate - 0.15, runs

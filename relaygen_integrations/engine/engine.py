@@ -13,14 +13,14 @@ import contextlib
 import inspect
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .backend import Backend, BackendCapabilityError
 from .cues import CueConfigError, CueSet, resolve_cues
-from .draft_head import DraftVocab
+from .draft_head import DraftVocab, shipped_draft_vocab
 from .generate import drive
 from .guard import EngineBusyError, RequestLock, check_prompt_ids, policy_config
 from .kv import KVCacheKind, cache_options
@@ -152,15 +152,15 @@ class RelayEngine:
         speculative: bool | int = False,
         verify: VerifyRule | str | None = "auto",
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
-        draft_vocab: DraftVocab = None,
+        draft_vocab: DraftVocab | Literal["auto"] = "auto",
         kv_cache: KVCacheKind = "auto",
         compile: bool = False,
     ) -> RelayEngine:
         """Loads both models (a known pair name such as ``"demo"``, a local directory, or a hub id).
 
         The tokenizer and chat template come from the large model; the small model's tokenizer must agree with it.
-        ``verify="auto"``: the verification rule the pair's shipped profile names (the demo pair's was chosen from
-        a benchmark sweep), else none.
+        ``verify="auto"`` / ``draft_vocab="auto"``: the verification rule / draft vocabulary the pair's shipped
+        profile names (the demo pair's were chosen from benchmark runs), else none / the whole vocabulary.
         """
         torch_device = pick_device(device)
         weights = pick_weights(dtype, torch_device)
@@ -186,7 +186,7 @@ class RelayEngine:
             speculative=speculative,
             verify=shipped_verify_rule(pair_name) if verify == "auto" else verify,
             draft_confidence=draft_confidence,
-            draft_vocab=draft_vocab,
+            draft_vocab=shipped_draft_vocab(pair_name) if draft_vocab == "auto" else draft_vocab,
             kv_cache=kv_cache,
             compile=compile,
         )
