@@ -33,8 +33,7 @@ class RelayModelFields(BaseModel):
     device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     dtype: str = Field(
         default="auto",
-        description="'auto', 'fast' (int8 on CPUs without bf16 instructions, else bf16), 'bf16', 'fp16', 'fp32' or "
-        "'int8' (CPU only).",
+        description="'auto', 'fast' (int8 on a CPU, bf16 on CUDA), 'bf16', 'fp16', 'fp32' or 'int8' (CPU only).",
     )
     compile: bool = Field(
         default=False,
