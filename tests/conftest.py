@@ -24,6 +24,15 @@ def tokenizer() -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(fixture_tokenizer_dir())
 
 
+@pytest.fixture(scope="module")
+def pair(tokenizer: PreTrainedTokenizerBase) -> tuple[Any, Any]:
+    """A tiny random-weight fp32 pair of the demo pair's family (large: 64 hidden, 2 layers; small: 32, 1), one per
+    test module: tests read it, none changes its weights."""
+    from helpers import tiny_qwen2
+
+    return tiny_qwen2(tokenizer, seed=1, hidden=64, layers=2), tiny_qwen2(tokenizer, seed=2, hidden=32, layers=1)
+
+
 @pytest.fixture
 def collector() -> Iterator[Any]:
     """Records every LlamaIndex instrumentation event while a test runs (attached to the root dispatcher)."""

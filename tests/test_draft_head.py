@@ -23,11 +23,6 @@ VOCAB = 60_000
 
 
 @pytest.fixture(scope="module")
-def pair(tokenizer):
-    return tiny_qwen2(tokenizer, seed=1, hidden=64, layers=2), tiny_qwen2(tokenizer, seed=2, hidden=32, layers=1)
-
-
-@pytest.fixture(scope="module")
 def cues(tokenizer, pair):
     """Words the large model writes: random weights seldom write English, so cues must come from its own text."""
     text = RelayEngine.from_models(*pair, tokenizer, cues=[]).generate(MESSAGES, max_new_tokens=40, mode="large").text

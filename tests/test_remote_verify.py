@@ -8,7 +8,6 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from helpers import tiny_qwen2
 from test_remote import ServerThread
 
 from relaygen_integrations import RelayEngine
@@ -19,11 +18,6 @@ from relaygen_integrations.serve_single import create_single_app
 MESSAGES = [{"role": "user", "content": "Count the apples: two and three. So how many?"}]
 POLICY = {"min_large_tokens": 1, "max_small_tokens": 4}
 BUDGET = 48
-
-
-@pytest.fixture(scope="module")
-def pair(tokenizer):
-    return tiny_qwen2(tokenizer, seed=1, hidden=64, layers=2), tiny_qwen2(tokenizer, seed=2, hidden=32, layers=1)
 
 
 @pytest.fixture(scope="module")

@@ -71,11 +71,6 @@ def test_stop_sequence_and_length_limit_inside_an_accepted_run(tokenizer):
     assert capped.completion_ids == engine.generate(PROMPT, max_new_tokens=7, mode="large").completion_ids
 
 
-@pytest.fixture(scope="module")
-def pair(tokenizer):
-    return tiny_qwen2(tokenizer, seed=1, hidden=64, layers=2), tiny_qwen2(tokenizer, seed=2, hidden=32, layers=1)
-
-
 def relay_engine(tokenizer, large, small, **kwargs) -> RelayEngine:
     cues = ["the", "a", "The", "and", "to", "of", "is", "in"]
     # Random weights give flat distributions: without ``draft_confidence=0`` every draft would stop after one token.

@@ -9,7 +9,6 @@ import re
 
 import pytest
 import torch
-from helpers import tiny_qwen2
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.engine.kv import CacheOptions, static_capacity
@@ -25,11 +24,6 @@ CASES = [
     ("relay", {"verify": "greedy"}),
     ("relay", {"verify": "prob:0.3", "speculative": 3}),
 ]
-
-
-@pytest.fixture(scope="module")
-def pair(tokenizer):
-    return tiny_qwen2(tokenizer, seed=1, hidden=64, layers=2), tiny_qwen2(tokenizer, seed=2, hidden=32, layers=1)
 
 
 @pytest.fixture(scope="module")
