@@ -39,7 +39,7 @@ def load(role: str, fmt: str, pair: str) -> torch.nn.Module:
     device = pick_device("cpu")
     weights = pick_weights(fmt, device)
     reference, _ = resolve_reference(pair, role, weights.source_dtype)  # type: ignore[arg-type]
-    model = load_causal_lm(reference, weights.dtype, device)
+    model = load_causal_lm(reference, weights.source_dtype, device)
     return quantize_linear_int8(model) if weights.quantized else model
 
 

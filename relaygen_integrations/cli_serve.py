@@ -88,7 +88,7 @@ def run_serve(args: argparse.Namespace) -> int:
         device = pick_device(args.device)
         weights = pick_weights(args.dtype, device)
         reference, _pair = resolve_reference(args.model, "large", weights.source_dtype)
-        model = load_causal_lm(reference, weights.dtype, device)
+        model = load_causal_lm(reference, weights.source_dtype, device)
         if weights.quantized:
             model = quantize_linear_int8(model)
         name = args.served_model_name or args.model

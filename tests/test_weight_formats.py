@@ -101,6 +101,19 @@ def test_int8_quantizes_every_linear_layer_and_relay_runs_on_it(tokenizer):
         assert result.usage.large_tokens + result.usage.small_tokens == result.usage.completion_tokens == 24
 
 
+def test_a_bf16_load_quantizes_to_the_numbers_of_an_fp32_load(tokenizer):
+    # from_pretrained(dtype="int8") loads the bf16 copy and upcasts one layer at a time (half the peak memory of an
+    # fp32 load); the model must be the one quantizing an fp32 load of the same weights gives.
+    reference = tiny_qwen2(tokenizer, seed=5, hidden=32).to(torch.bfloat16)
+    from_fp32 = quantize_linear_int8(tiny_qwen2(tokenizer, seed=5, hidden=32).to(torch.bfloat16).float())
+    from_bf16 = quantize_linear_int8(reference)
+    assert all(p.dtype == torch.float32 for p in from_bf16.parameters())  # embeddings and norms: the activations'
+    ids = torch.tensor([tokenizer.encode("The sea is calm today.")])
+    with torch.inference_mode():
+        assert torch.equal(from_bf16(ids).logits, from_fp32(ids).logits)
+    assert torch.equal(from_bf16.lm_head.weight().int_repr(), from_fp32.lm_head.weight().int_repr())
+
+
 def test_from_pretrained_int8_loads_and_quantizes_a_saved_pair(tokenizer, tmp_path):
     for role, seed in (("large", 1), ("small", 2)):
         tiny_qwen2(tokenizer, seed=seed).to(torch.bfloat16).save_pretrained(tmp_path / role)

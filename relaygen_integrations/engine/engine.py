@@ -168,8 +168,8 @@ class RelayEngine:
         small_ref, small_pair = resolve_reference(small, "small", weights.source_dtype)
         tokenizer = load_tokenizer(large_ref, trust_remote_code)
         check_tokenizers_match(tokenizer, load_tokenizer(small_ref, trust_remote_code))
-        large_model = load_causal_lm(large_ref, weights.dtype, torch_device, trust_remote_code, allow_pickle)
-        small_model = load_causal_lm(small_ref, weights.dtype, torch_device, trust_remote_code, allow_pickle)
+        large_model = load_causal_lm(large_ref, weights.source_dtype, torch_device, trust_remote_code, allow_pickle)
+        small_model = load_causal_lm(small_ref, weights.source_dtype, torch_device, trust_remote_code, allow_pickle)
         if weights.quantized:
             large_model, small_model = quantize_linear_int8(large_model), quantize_linear_int8(small_model)
         pair_name = pair if pair == small_pair else None

@@ -85,7 +85,8 @@ class WeightFormat:
 
     @property
     def source_dtype(self) -> torch.dtype:
-        """Which converted copy to read: an int8 model is quantized from the bf16 copy (upcast exactly to fp32)."""
+        """Which converted copy to read and load: an int8 model is quantized from the bf16 copy, loaded in bf16
+        (``quantize_linear_int8`` upcasts it, exactly, one layer at a time)."""
         return torch.bfloat16 if self.quantized else self.dtype
 
 
@@ -121,14 +122,21 @@ def pick_weights(dtype: str | torch.dtype = "auto", device: torch.device | None 
 
 def quantize_linear_int8(model: PreTrainedModel) -> PreTrainedModel:
     """Replaces the model's ``nn.Linear`` layers (the output projection included) by int8 dynamically quantized ones,
-    in place. torch marks its eager quantization API as deprecated in favour of torchao; it is the one with fast
-    AVX2 kernels (fbgemm) in the torch this package pins, so its warning is silenced here."""
+    in place, and makes the rest (embeddings, norms) fp32, the activations' dtype. A model loaded in bf16 is
+    quantized layer by layer, each layer upcast (exactly) to fp32 just before, so the whole model never exists in
+    fp32: the numbers are those of quantizing an fp32 load, at about half its peak memory. torch marks its eager
+    quantization API as deprecated in favour of torchao; it is the one with fast AVX2 kernels (fbgemm) in the torch
+    this package pins, so its warning is silenced here."""
     from torch.ao.quantization import quantize_dynamic
 
+    linear_layers = [name for name, module in model.named_modules() if type(module) is torch.nn.Linear]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
-    return model
+        for name in linear_layers:
+            holder = torch.nn.Sequential(model.get_submodule(name).float())
+            quantize_dynamic(holder, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+            model.set_submodule(name, holder[0])
+    return model.float()
 
 
 def dtype_tag(dtype: torch.dtype) -> str:
