@@ -73,7 +73,6 @@ class _Rows:
     it takes about a second, so it is unpacked once, here, and its integers and scales kept (one byte a weight)."""
 
     def __init__(self, head: nn.Module) -> None:
-        self.head = head
         if isinstance(head, nn.Linear):
             self.weight, bias = head.weight.detach(), head.bias
         else:

@@ -40,9 +40,8 @@ class LocalBackend:
         draft_vocab: DraftVocab = None,
         cache: CacheOptions | None = None,
     ) -> None:
-        if isinstance(draft_confidence, bool) or not isinstance(draft_confidence, (int, float)):
-            raise GenerationError(f"draft_confidence must be a probability in [0, 1], got {draft_confidence!r}")
-        if not 0.0 <= draft_confidence <= 1.0:
+        number = isinstance(draft_confidence, (int, float)) and not isinstance(draft_confidence, bool)
+        if not number or not 0.0 <= draft_confidence <= 1.0:
             raise GenerationError(f"draft_confidence must be a probability in [0, 1], got {draft_confidence!r}")
         self.large_name, self.small_name = large_name, small_name
         self.cache_options = cache or CacheOptions()
@@ -76,8 +75,7 @@ class LocalBackend:
             Speculation(DraftLength(plan.speculative), self.draft_confidence) if plan.speculative and both else None
         )
         if "small" in runners:  # only drafts read it: a request that drafts nothing prepares no subset
-            drafts = speculation is not None
-            self.runners["small"].draft_head = self.draft_head(plan.settings.draft_vocab) if drafts else None
+            self.runners["small"].draft_head = self.draft_head(plan.settings.draft_vocab) if speculation else None
         return LocalSession(
             runners,
             transcript,
