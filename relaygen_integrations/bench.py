@@ -36,7 +36,7 @@ from .bench_summary import summarize as summarize
 from .engine.cpu import cpu_model_and_flags, isa_limits
 from .engine.engine import GenerationError, RelayEngine
 from .engine.kv import CacheOptions, KVCacheKind
-from .engine.models import pick_weights
+from .engine.models import known_pair, pick_pair_weights, shipped_dtype
 from .engine.settings import merge_settings
 from .prompts import answers_match as answers_match
 from .prompts import extract_answer as extract_answer
@@ -77,9 +77,11 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
     """Every mode maps messages -> (text, completion tokens, finish reason, relay details)."""
     common = {"max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "seed": config.seed}
 
-    def through_engine(mode: str, **extra: Any) -> ModeFn:
-        # Unverified unless the mode says so, whatever the engine's default: "relay" is plain RelayGen.
-        settings = merge_settings(common, {"mode": mode, "verify": "off"}, extra)  # a bad mode fails up front
+    def through_engine(mode: str | None, **extra: Any) -> ModeFn:
+        # Unverified and unspeculated unless the mode says so, whatever the engine's defaults: "relay" is plain
+        # RelayGen. ``None``: the engine's own defaults for the pair (mode "default", what a user gets).
+        plain = {} if mode is None else {"mode": mode, "verify": "off", "speculative": False}
+        settings = merge_settings(common, plain, extra)  # a bad mode fails up front
 
         def run(messages: list[dict[str, str]]) -> tuple[str, int, str, dict[str, Any]]:
             result = engine.generate(messages, settings=settings)
@@ -95,6 +97,7 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
                 "rejected_tokens": usage.rejected_tokens,
                 "large_forward_seconds": usage.large_forward_seconds,
                 "small_forward_seconds": usage.small_forward_seconds,
+                "time_split": usage.time_split,
                 "spans": [s.to_dict() for s in result.spans],
             }
             return result.text, usage.completion_tokens, result.finish_reason, details
@@ -125,6 +128,7 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
 
     # Built only for the modes the run uses: "hf-large"/"assisted" need the weights in this process.
     builders: dict[str, Callable[[], ModeFn]] = {
+        "default": lambda: through_engine(None),
         "large": lambda: through_engine("large"),
         "small": lambda: through_engine("small"),
         "relay": lambda: through_engine("relay"),
@@ -256,6 +260,13 @@ def load_completed_runs(config: BenchConfig) -> tuple[list[Run], list[str]]:
     if old != new:
         changed = sorted(k for k in new if old.get(k) != new[k])
         raise ValueError(f"cannot resume {path}: its settings differ in {changed}")
+    # Seconds are only comparable on one machine: a run resumed on another CPU (sessions change CPUs) would mix
+    # them silently. Start a new --out there instead.
+    here = machine_info(config)
+    differs = sorted(k for k in ("cpu", "cpu_flags", "isa_limits", "dtype") if saved["machine"].get(k) != here[k])
+    if differs and "cpu" in saved["machine"]:
+        raise ValueError(f"cannot resume {path} on this machine: it was measured on {saved['machine']['cpu']} and its "
+                         f"{differs} differ here ({here['cpu']}); run into a new --out")  # fmt: skip
     runs = [Run(**run) for run in saved["runs"]]
     return [r for r in runs if r.problem < config.n], list(saved["config"]["modes"])
 
@@ -284,10 +295,11 @@ def rerender(out: Path) -> dict[str, Any]:
     return report
 
 
-def resolved_dtype(dtype: str) -> str:
-    """What ran: ``auto`` and ``fast`` resolve by the device (``fast`` is int8 on a CPU without bf16 instructions)."""
+def resolved_dtype(dtype: str, large: str = "", small: str = "") -> str:
+    """What ran, one canonical name per combination (``bf16``, ``bf16/int8``): ``auto`` is the known pair's shipped
+    formats for the device (else bf16), ``fast`` int8 on a CPU; the spec given follows in parentheses."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = pick_weights(dtype, device).name
+    resolved = pick_pair_weights(shipped_dtype(known_pair(large, small), device, dtype), device).name
     return resolved if resolved == dtype else f"{resolved} ({dtype})"
 
 
@@ -295,7 +307,7 @@ def machine_info(config: BenchConfig) -> dict[str, Any]:
     cpu, flags = cpu_model_and_flags()
     info = {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cpu_flags": list(flags), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "dtype": resolved_dtype(config.dtype),
+            "dtype": resolved_dtype(config.dtype, config.large, config.small),
             "kv_cache": CacheOptions(kv_cache=config.kv_cache, compile=config.compile).label,
             "draft_vocab": config.draft_vocab or "full", "isa_limits": isa_limits(),
             "device": "cuda" if torch.cuda.is_available() else "cpu"}  # fmt: skip

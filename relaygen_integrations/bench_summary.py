@@ -54,6 +54,9 @@ class Run:
     large_forward_seconds: float = 0.0  # time inside each model's forward passes (engine modes only)
     small_forward_seconds: float = 0.0
     spans: list[dict[str, Any]] = field(default_factory=list)
+    # Forward seconds by model and pass kind ("large.decode", "small.draft", ...: ``Usage.time_split``); empty in
+    # results saved before it existed and for modes outside the engine.
+    time_split: dict[str, float] = field(default_factory=dict)
 
 
 def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
@@ -133,11 +136,53 @@ def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
                 and large_by_problem[r.problem].completion_tokens
             ]
             entry["median_speedup_vs_large"] = statistics.median(ratios) if ratios else 0.0
+            # Per answer, the headline: what a user waits for. Total large seconds over the mode's on the same
+            # problems, and the median over problems of the per-problem ratio (robust to a disturbed run).
+            pairs = [(large_by_problem[r.problem], r) for r in by_mode[mode] if r.problem in large_by_problem]
+            if pairs and all(r.seconds > 0 for _, r in pairs):
+                entry["answer_speedup_vs_large"] = sum(a.seconds for a, _ in pairs) / sum(r.seconds for _, r in pairs)
+                entry["median_answer_speedup_vs_large"] = statistics.median(a.seconds / r.seconds for a, r in pairs)
             entry.update(paired_with_large(by_mode["large"], by_mode[mode]))
     for mode, entry in summary.items():
         if is_verify_mode(mode):
             entry.update(verification(by_mode[mode]))
+        split = time_split(by_mode[mode])
+        if split:
+            entry["time_split_s"] = split
+    if "large" in summary:  # fastest per answer first: the order a reader wants, and the report's
+        order = sorted(summary, key=lambda m: -summary[m].get("answer_speedup_vs_large", 0.0))
+        summary = {mode: summary[mode] for mode in order}
     return summary
+
+
+# The per-answer time split's columns: forward seconds by model and pass kind (``runner.PASS_KINDS``), then what the
+# summary derives from the counts: the share of the small model's sentence time spent on tokens verification threw
+# away, and of its drafting time on drafts the large model rejected.
+TIME_SPLIT_KEYS = (
+    "large.prefill", "large.decode", "large.catchup", "large.verify_drafts", "large.verify_sentences",
+    "small.prefill", "small.decode", "small.catchup", "small.draft",
+)  # fmt: skip
+
+
+def time_split(runs: list[Run]) -> dict[str, float]:
+    """Mean seconds per answer by model and pass kind, plus ``small.decode.thrown_away`` (the part of the small
+    model's sentence-writing time spent on tokens verification rejected, at its mean cost per written token),
+    ``small.draft.rejected`` (drafting time spent on rejected drafts, likewise) and ``other`` (sampling,
+    detokenizing, policy, Python: the answer's seconds outside any forward pass). Empty without recorded splits."""
+    runs = [r for r in runs if r.time_split]
+    if not runs:
+        return {}
+    n = len(runs)
+    split = {key: sum(r.time_split.get(key, 0.0) for r in runs) / n for key in TIME_SPLIT_KEYS}
+    written = sum(r.small_tokens + r.rejected_tokens for r in runs)  # small tokens written in sentences/answers
+    rejected = sum(r.rejected_tokens for r in runs)
+    split["small.decode.thrown_away"] = split["small.decode"] * rejected / written if written else 0.0
+    drafted = sum(r.draft_tokens for r in runs)
+    refused = drafted - sum(r.accepted_draft_tokens for r in runs)
+    split["small.draft.rejected"] = split["small.draft"] * refused / drafted if drafted else 0.0
+    inside = sum(split[key] for key in TIME_SPLIT_KEYS)
+    split["other"] = sum(r.seconds for r in runs) / n - inside
+    return split
 
 
 def verification(runs: list[Run]) -> dict[str, float]:
@@ -181,6 +226,7 @@ def paired_with_large(large_runs: list[Run], mode_runs: list[Run]) -> dict[str, 
     if large_tokens and mode_tokens and mode_seconds:
         # Seconds per token on the same problems: a mode that ran on fewer problems is compared on those alone.
         paired["paired_speedup"] = (large_seconds / large_tokens) / (mode_seconds / mode_tokens)
+        paired["paired_answer_speedup"] = large_seconds / mode_seconds  # seconds per answer, the same problems
     return paired
 
 
@@ -192,12 +238,12 @@ def paired_accuracy_gain(entry: dict[str, Any]) -> float:
 
 def pareto_front(summary: dict[str, dict[str, Any]]) -> list[str]:
     """The modes no other mode beats on both axes, each measured against ``large`` on the problems the two share:
-    speed-up (seconds per token) and accuracy gained (:func:`paired_accuracy_gain`). ``large`` itself is the point
-    (1, 0). Ordered from the fastest."""
+    speed-up per answer (seconds per answer: what a user waits for) and accuracy gained
+    (:func:`paired_accuracy_gain`). ``large`` itself is the point (1, 0). Ordered from the fastest."""
     points = {"large": (1.0, 0.0)} if "large" in summary else {}
     for mode, s in summary.items():
         if mode != "large" and "paired_speedup" in s:
-            points[mode] = (s["paired_speedup"], paired_accuracy_gain(s))
+            points[mode] = (s.get("paired_answer_speedup", s["paired_speedup"]), paired_accuracy_gain(s))
     front = [
         mode for mode, (speed, gain) in points.items()
         if not any(o != mode and os >= speed and og >= gain and (os, og) != (speed, gain)

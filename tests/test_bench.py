@@ -16,6 +16,7 @@ from relaygen_integrations.bench import (
     extract_answer,
     is_relay_mode,
     load_completed_runs,
+    machine_info,
     make_modes,
     render_markdown,
     rerender,
@@ -214,7 +215,10 @@ def test_paired_view_against_large():
     assert (entry["paired"], entry["both"], entry["only_large"], entry["only_mode"]) == (4, 1, [1], [3])
     assert (summary["large"]["only_large"], summary["large"]["only_mode"], summary["large"]["both"]) == ([], [], 3)
     report = markdown(summary)
-    assert "| mode | problems | both solve | only large | only mode | accuracy gained | speed-up (s/token) |" in report
+    assert (
+        "| mode | problems | both solve | only large | only mode | accuracy gained | speed-up per answer | per token |"
+        in report
+    )
     assert "| relay | 4 | 1 | 1 (#2) | 1 (#4) | +0 pts | 1.00× |" in report  # numbered from 1, as in traces.html
     assert "| large | 5 |" not in report
     # Without the large model there is nothing to pair with.
@@ -274,7 +278,7 @@ def test_results_saved_before_verification_still_summarize(tmp_path):
     saved = [asdict(r) for r in runs]
     for entry in saved:
         del entry["verified_tokens"], entry["rejected_tokens"]
-    results = {"config": config.model_dump(mode="json"), "machine": MACHINE, "runs": saved, "summary": {}}
+    results = {"config": config.model_dump(mode="json"), "machine": machine_info(config), "runs": saved, "summary": {}}
     (tmp_path / "results.json").write_text(json.dumps(results))
     summary = rerender(tmp_path)["summary"]
     assert summary["relay"]["small_share"] == pytest.approx(0.3) and "rejected_share" not in summary["relay"]
@@ -337,3 +341,63 @@ def test_spec_modes_take_a_draft_vocabulary_size_and_write_the_same_text(tmp_pat
     assert is_relay_mode("relay-spec@generic") and not is_relay_mode("large-spec@2000")
     with pytest.raises(ValueError, match=re.escape("benchmark mode 'large-spec@generic'")):
         run_benchmark(BenchConfig(n=1, modes=["large-spec@generic"], out=tmp_path / "bad"), engine=engine)
+
+
+def test_speed_up_per_answer_leads_and_orders_the_summary():
+    # A mode that writes fewer tokens in less time per answer but more per token: per answer and per token disagree,
+    # and the summary (and so the report and the Pareto front) follow per answer.
+    large = [run("large", 10.0, 100, problem=p) for p in range(3)]
+    short = [run("relay", s, 40, problem=p) for p, s in enumerate([5.0, 4.0, 6.0])]  # 0.125 s/token vs large's 0.1
+    spec = [run("large-spec", 6.0, 100, problem=p) for p in range(3)]
+    summary = summarize(large + short + spec, ["large", "large-spec", "relay"])
+    assert summary["relay"]["answer_speedup_vs_large"] == pytest.approx(30 / 15)
+    assert summary["relay"]["median_answer_speedup_vs_large"] == pytest.approx(2.0)
+    assert summary["relay"]["speedup_vs_large"] == pytest.approx(0.8)
+    assert summary["large-spec"]["answer_speedup_vs_large"] == pytest.approx(10 / 6)
+    assert list(summary) == ["relay", "large-spec", "large"]
+    assert pareto_front(summary)[0] == "relay"
+    assert "| relay | 100% | **2.00×** | 2.00× |" in markdown(summary)
+
+
+def test_time_split_per_answer_interprets_the_passes():
+    split = {"large.decode": 4.0, "large.verify_sentences": 1.0, "small.decode": 2.0, "small.draft": 1.0}
+    runs = [
+        Run(
+            0,
+            "relay-spec+verify@greedy",
+            9.0,
+            100,
+            "stop",
+            "",
+            "1",
+            "1",
+            True,
+            small_tokens=30,
+            rejected_tokens=10,
+            verified_tokens=30,
+            speculative_rounds=5,
+            draft_tokens=20,
+            accepted_draft_tokens=15,
+            time_split=split,
+        ),  # fmt: skip
+        run("large", 10.0, 100),
+    ]
+    summary = summarize(runs, ["large", "relay-spec+verify@greedy"])
+    got = summary["relay-spec+verify@greedy"]["time_split_s"]
+    assert got["small.decode.thrown_away"] == pytest.approx(2.0 * 10 / 40)  # 10 of the 40 written were rejected
+    assert got["small.draft.rejected"] == pytest.approx(1.0 * 5 / 20)
+    assert got["other"] == pytest.approx(9.0 - 8.0)
+    assert "time_split_s" not in summary["large"]  # no split recorded (results saved before it existed)
+    report = markdown(summary)
+    assert "Where the time goes, per answer" in report
+    assert "| relay-spec+verify@greedy | 9.0 | 4.0 | – | – | – | 1.0 | 2.0 | 0.5 | 1.0 | 0.2 | – | 1.0 |" in report
+
+
+def test_resume_refuses_a_run_measured_on_another_cpu(tmp_path):
+    config = BenchConfig(out=tmp_path, n=1, modes=["large"], resume=True)
+    machine = machine_info(config) | {"cpu": "Another CPU", "cpu_flags": ["avx2"]}
+    runs = [asdict(run("large", 1.0, 10))]
+    (tmp_path / "results.json").write_text(json.dumps({"config": config.model_dump(mode="json"), "machine": machine,
+                                                       "runs": runs}))  # fmt: skip
+    with pytest.raises(ValueError, match="measured on Another CPU"):
+        load_completed_runs(config)

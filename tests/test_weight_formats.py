@@ -7,7 +7,13 @@ import torch
 from helpers import tiny_qwen2
 
 from relaygen_integrations import RelayEngine
-from relaygen_integrations.engine.models import WeightFormat, pick_weights, quantize_linear_int8
+from relaygen_integrations.engine.models import (
+    PairWeights,
+    WeightFormat,
+    pick_pair_weights,
+    pick_weights,
+    quantize_linear_int8,
+)
 
 
 @pytest.mark.parametrize(
@@ -74,6 +80,8 @@ def test_bench_records_what_fast_resolved_to(monkeypatch):
     assert resolved_dtype("fast") == "int8 (fast)"
     assert resolved_dtype("auto") == "bf16 (auto)"
     assert resolved_dtype("int8") == "int8"
+    assert resolved_dtype("bfloat16/int8") == "bf16/int8 (bfloat16/int8)"
+    assert resolved_dtype("bf16/int8") == "bf16/int8"
 
 
 def test_int8_reads_the_bf16_copy_and_refuses_gpus():
@@ -123,4 +131,83 @@ def test_from_pretrained_int8_loads_and_quantizes_a_saved_pair(tokenizer, tmp_pa
         assert type(runner.model.lm_head) is torch.ao.nn.quantized.dynamic.Linear
         assert runner.model.model.embed_tokens.weight.dtype == torch.float32  # activations in fp32
     result = engine.generate([{"role": "user", "content": "Hello"}], max_new_tokens=8)
+    assert result.usage.completion_tokens == 8
+
+
+@pytest.mark.parametrize(
+    ("spec", "large", "small", "name"),
+    [
+        ("bf16", "bf16", "bf16", "bf16"),
+        ("bf16/int8", "bf16", "int8", "bf16/int8"),
+        ("bfloat16/int8", "bf16", "int8", "bf16/int8"),  # one canonical name per combination
+        ({"large": "bf16", "small": "int8"}, "bf16", "int8", "bf16/int8"),
+        ({"small": "int8"}, "int8", "int8", "int8"),  # a missing role takes the other's
+        ("int8/int8", "int8", "int8", "int8"),
+        ("fp32/bf16", "fp32", "bf16", "fp32/bf16"),
+    ],
+)
+def test_each_model_gets_its_own_format(spec, large, small, name):
+    weights = pick_pair_weights(spec)
+    assert (weights.large, weights.small) == (pick_weights(large), pick_weights(small))
+    assert weights.name == name
+    assert weights["large"] is weights.large and weights["small"] is weights.small
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("bf16/int4", "the small model's dtype: unknown dtype 'int4'"),
+        ("int3/bf16", "the large model's dtype: unknown dtype 'int3'"),
+        ("bf16/", "'LARGE/SMALL'"),
+        ("bf16/int8/fp32", "'LARGE/SMALL'"),
+        ({"draft": "int8"}, "'large' and/or 'small'"),
+    ],
+)
+def test_a_bad_per_model_format_names_the_part(spec, message):
+    with pytest.raises(ValueError, match=message):
+        pick_pair_weights(spec)
+
+
+def test_shared_engines_key_on_the_canonical_combination(monkeypatch):
+    from relaygen_integrations.engine import engine as engine_module
+
+    loads: list[object] = []
+    monkeypatch.setattr(engine_module, "_SHARED_ENGINES", {})
+    monkeypatch.setattr(RelayEngine, "from_pretrained", classmethod(lambda cls, **kw: loads.append(kw) or object()))
+    first = RelayEngine.shared("a", "b", dtype="bf16/int8")
+    assert RelayEngine.shared("a", "b", dtype={"large": "bfloat16", "small": "int8"}) is first
+    assert RelayEngine.shared("a", "b", dtype="bf16") is not first
+    assert len(loads) == 2
+
+
+def test_a_drafter_in_another_format_changes_no_greedy_answer(tokenizer, pair):
+    # The large model decides every token of a greedy speculative answer, so the small model's format (here int8
+    # under an fp32 large model) changes what is drafted and accepted, never the text.
+    import copy
+
+    large, small = pair
+    int8_small = quantize_linear_int8(copy.deepcopy(small))
+    messages = [{"role": "user", "content": "Tell me about the sea and the sky."}]
+    alone = RelayEngine.from_models(large, None, tokenizer).generate(messages, mode="large", max_new_tokens=40)
+    drafted = {}
+    for name, drafter in (("fp32", small), ("int8", int8_small)):
+        engine = RelayEngine.from_models(large, drafter, tokenizer, speculative=True)
+        result = engine.generate(messages, mode="large", max_new_tokens=40)
+        assert result.completion_ids == alone.completion_ids, name
+        drafted[name] = (result.usage.draft_tokens, result.usage.accepted_draft_tokens)
+    assert drafted["int8"][0] > 0 and drafted["fp32"][0] > 0
+    assert isinstance(pick_pair_weights("fp32/int8"), PairWeights)
+
+
+def test_from_pretrained_loads_each_model_in_its_own_format(tokenizer, tmp_path):
+    for role, seed in (("large", 1), ("small", 2)):
+        tiny_qwen2(tokenizer, seed=seed).to(torch.bfloat16).save_pretrained(tmp_path / role)
+        tokenizer.save_pretrained(tmp_path / role)
+    engine = RelayEngine.from_pretrained(
+        str(tmp_path / "large"), str(tmp_path / "small"), cues="generic", dtype="bf16/int8"
+    )
+    runners = engine.backend.runners
+    assert runners["large"].model.lm_head.weight.dtype == torch.bfloat16
+    assert type(runners["small"].model.lm_head) is torch.ao.nn.quantized.dynamic.Linear
+    result = engine.generate([{"role": "user", "content": "Hello"}], max_new_tokens=8, speculative=True)
     assert result.usage.completion_tokens == 8

@@ -26,14 +26,17 @@ from .guard import EngineBusyError, RequestLock, check_prompt_ids, policy_config
 from .kv import KVCacheKind, cache_options
 from .local import LocalBackend
 from .models import (
+    PairDTypeSpec,
     check_tokenizers_match,
+    known_pair,
     load_causal_lm,
     load_tokenizer,
     pick_device,
-    pick_weights,
+    pick_pair_weights,
     quantize_linear_int8,
     reasoning_end_marker,
     resolve_reference,
+    shipped_dtype,
 )
 from .policy import PolicyConfig, RelayPolicy
 from .prompt import render_prompt_ids
@@ -143,7 +146,7 @@ class RelayEngine:
         small: str = "demo",
         cues: str | list[str] | CueSet = "auto",
         device: str | torch.device = "auto",
-        dtype: str | torch.dtype = "auto",
+        dtype: PairDTypeSpec = "auto",
         *,
         policy: PolicyConfig | Mapping[str, Any] | None = None,
         trust_remote_code: bool = False,
@@ -163,15 +166,17 @@ class RelayEngine:
         profile names (the demo pair's were chosen from benchmark runs), else none / the whole vocabulary.
         """
         torch_device = pick_device(device)
-        weights = pick_weights(dtype, torch_device)
-        large_ref, pair = resolve_reference(large, "large", weights.source_dtype)
-        small_ref, small_pair = resolve_reference(small, "small", weights.source_dtype)
+        weights = pick_pair_weights(shipped_dtype(known_pair(large, small), torch_device, dtype), torch_device)
+        large_ref, pair = resolve_reference(large, "large", weights.large.source_dtype)
+        small_ref, small_pair = resolve_reference(small, "small", weights.small.source_dtype)
         tokenizer = load_tokenizer(large_ref, trust_remote_code)
         check_tokenizers_match(tokenizer, load_tokenizer(small_ref, trust_remote_code))
-        large_model = load_causal_lm(large_ref, weights.source_dtype, torch_device, trust_remote_code, allow_pickle)
-        small_model = load_causal_lm(small_ref, weights.source_dtype, torch_device, trust_remote_code, allow_pickle)
-        if weights.quantized:
-            large_model, small_model = quantize_linear_int8(large_model), quantize_linear_int8(small_model)
+        models = []
+        for role, ref in (("large", large_ref), ("small", small_ref)):
+            fmt = weights[role]  # type: ignore[index]
+            model = load_causal_lm(ref, fmt.source_dtype, torch_device, trust_remote_code, allow_pickle)
+            models.append(quantize_linear_int8(model) if fmt.quantized else model)
+        large_model, small_model = models
         pair_name = pair if pair == small_pair else None
         return cls.from_models(
             large_model,
@@ -197,7 +202,7 @@ class RelayEngine:
         large: str = "demo",
         small: str = "demo",
         device: str | torch.device = "auto",
-        dtype: str | torch.dtype = "auto",
+        dtype: PairDTypeSpec = "auto",
         **options: Any,
     ) -> RelayEngine:
         """One engine - one copy of the weights - per pair of models, device and dtype (plus loading ``options``
@@ -207,7 +212,8 @@ class RelayEngine:
         # An option passed at its default (``compile=False``) must share the copy loaded without it.
         defaults = {name: p.default for name, p in inspect.signature(cls.from_pretrained).parameters.items()}
         chosen = sorted((k, v) for k, v in options.items() if k not in defaults or v != defaults[k])
-        key = (large, small, str(torch_device), pick_weights(dtype, torch_device).name, *chosen)
+        weights = pick_pair_weights(shipped_dtype(known_pair(large, small), torch_device, dtype), torch_device)
+        key = (large, small, str(torch_device), weights.name, *chosen)
         with _SHARED_LOCK:
             engine = _SHARED_ENGINES.get(key)
             if engine is None:

@@ -166,4 +166,9 @@ class LocalSession:
             accepted_draft_tokens=stats.accepted,
             large_forward_seconds=seconds.get("large", 0.0),
             small_forward_seconds=seconds.get("small", 0.0),
+            time_split={
+                f"{role}.{kind}": spent
+                for role, runner in self.runners.items()
+                for kind, spent in runner.stats.seconds_by_kind.items()
+            },
         )

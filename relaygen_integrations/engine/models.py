@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import gc
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -121,6 +122,76 @@ def pick_weights(dtype: str | torch.dtype = "auto", device: torch.device | None 
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}: use one of {['auto', 'fast', *_DTYPES, 'int8']}")
     return WeightFormat(_CANONICAL[_DTYPES[dtype]], _DTYPES[dtype])
+
+
+@dataclass(frozen=True)
+class PairWeights:
+    """Each model's own weight format: e.g. the large model in bf16 and the small one in int8, where the small model
+    mostly drafts (a drafter's format cannot change a greedy speculative answer: the large model decides every token).
+
+    ``name`` is the one canonical spelling of the combination (``"bf16"`` when both agree, else ``"bf16/int8"``,
+    large first): the shared-engine key and the benchmark's machine line use it, so ``"bfloat16/int8"`` and
+    ``{"large": "bf16", "small": "int8"}`` share one loaded copy."""
+
+    large: WeightFormat
+    small: WeightFormat
+
+    @property
+    def name(self) -> str:
+        return self.large.name if self.large == self.small else f"{self.large.name}/{self.small.name}"
+
+    def __getitem__(self, role: ModelRole) -> WeightFormat:
+        return self.large if role == "large" else self.small
+
+
+PairDTypeSpec = str | torch.dtype | Mapping[str, str | torch.dtype]
+
+
+def pick_pair_weights(dtype: PairDTypeSpec = "auto", device: torch.device | None = None) -> PairWeights:
+    """Each model's :class:`WeightFormat` from one spec: a format for both (``"bf16"``, see :func:`pick_weights`),
+    ``"LARGE/SMALL"`` (``"bf16/int8"``), or a mapping ``{"large": ..., "small": ...}`` (a missing role takes the
+    other's). A bad part raises ``ValueError`` naming it, before any weights load."""
+    if isinstance(dtype, Mapping):
+        unknown = sorted(set(dtype) - {"large", "small"})
+        if unknown or not dtype:
+            raise ValueError(f"a per-model dtype maps 'large' and/or 'small' to a format, got keys {sorted(dtype)}")
+        large_spec = dtype.get("large", dtype.get("small"))
+        small_spec = dtype.get("small", large_spec)
+    elif isinstance(dtype, str) and "/" in dtype:
+        large_spec, _, small_spec = dtype.partition("/")
+        if not large_spec or not small_spec or "/" in small_spec:
+            raise ValueError(f"a per-model dtype is 'LARGE/SMALL' (e.g. 'bf16/int8'), got {dtype!r}")
+    else:
+        large_spec = small_spec = dtype
+    formats = []
+    for role, spec in (("large", large_spec), ("small", small_spec)):
+        try:
+            formats.append(pick_weights(spec, device))  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ValueError(f"the {role} model's dtype: {exc}") from exc
+    return PairWeights(*formats)
+
+
+def known_pair(large: str, small: str) -> str | None:
+    """The known pair (``"demo"``) both references name, e.g. ``demo`` / ``demo:small``; else None."""
+    from ..registry import KNOWN_PAIRS
+
+    names = {ref.split(":", 1)[0] for ref in (large, small)}
+    name = names.pop() if len(names) == 1 else None
+    return name if name in KNOWN_PAIRS else None
+
+
+def shipped_dtype(pair_name: str | None, device: torch.device, dtype: PairDTypeSpec) -> PairDTypeSpec:
+    """``dtype="auto"`` for a known pair: the per-model formats its shipped profile names for this device type
+    (``"dtype": {"cpu": "bf16/int8", "cuda": "bf16", "benchmark": ..., "why": ...}``: chosen from a benchmark run
+    that kept the large model's answers); any other spec, or a pair without that entry, as given (``auto``: bf16)."""
+    if not (isinstance(dtype, str) and dtype == "auto"):
+        return dtype
+    from .cues import profile_entry
+
+    entry = profile_entry(pair_name, "dtype")
+    chosen = entry.get(device.type) if isinstance(entry, dict) else entry
+    return chosen if isinstance(chosen, str) else "auto"
 
 
 def quantize_linear_int8(model: PreTrainedModel) -> PreTrainedModel:

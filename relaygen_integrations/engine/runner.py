@@ -25,6 +25,12 @@ from .draft_head import DraftHead
 from .kv import CacheOptions, check_static_support, compile_decode_step, ensure_cache, rewind
 from .spans import ModelRole
 
+# What a forward pass was for. A runner knows it from the call: ``decode`` forwards the one token its model wrote
+# last (for the small model: its sentences and answers), ``catchup`` the other model's tokens it missed (several at
+# once), ``prefill`` prompt tokens, ``draft`` a speculative draft step, ``verify_drafts`` the large model's check of a
+# draft, ``verify_sentences`` verified relay's scoring of a small sentence.
+PASS_KINDS = ("prefill", "decode", "catchup", "draft", "verify_drafts", "verify_sentences")
+
 # Told of every forward pass over committed ids ``[start, end)`` (the transcript counts prefill / catch-up from it).
 ForwardObserver = Callable[[int, int], None]
 
@@ -38,7 +44,13 @@ class ForwardStats:
     draft_tokens: int = 0  # speculation: tokens this (small) runner proposed for the large model
     verified_tokens: int = 0  # speculation: draft tokens this (large) runner checked in its verify passes
     forward_seconds: float = 0.0  # wall time inside this model's forward passes (where a request's time went)
+    # The same wall time by what each pass was for (PASS_KINDS): the per-answer time split of ``Usage.time_split``.
+    seconds_by_kind: dict[str, float] = field(default_factory=dict)
     compiled_steps: int = 0  # one-token steps that ran the compiled forward (``compile=True``)
+
+    def add_seconds(self, kind: str, seconds: float) -> None:
+        self.forward_seconds += seconds
+        self.seconds_by_kind[kind] = self.seconds_by_kind.get(kind, 0.0) + seconds
 
 
 @dataclass
@@ -51,6 +63,7 @@ class ModelRunner:
     last_logits: torch.Tensor | None = None  # next-token logits after ``cached_ids``
     stats: ForwardStats = field(default_factory=ForwardStats)
     on_forward: ForwardObserver | None = None
+    prompt_len: int = 0  # the current request's prompt length (a pass below it is prefill)
     reserved: int = 0  # positions the current request expects to need (a static cache is sized for them up front)
     draft_head: DraftHead | None = None  # drafts score a reduced vocabulary (``draft_head.py``)
     last_hidden: torch.Tensor | None = None  # after a draft-head pass: the hidden state whose full logits are unmade
@@ -94,6 +107,7 @@ class ModelRunner:
         self.stats = ForwardStats()
         self.on_forward = on_forward
         self.reserved = expected_len
+        self.prompt_len = len(prompt_ids)
         if self.draft_head is not None:
             self.draft_head.begin_request(prompt_ids)
         keep = 0
@@ -121,8 +135,18 @@ class ModelRunner:
         if seen >= len(ids):
             raise RuntimeError(f"{self.role} runner holds {seen} tokens but the sequence has only {len(ids)}")
         self._account(seen, len(ids))
-        self.last_logits, self.last_hidden = forward_tokens(self, ids[seen:]), None
+        self.last_logits, self.last_hidden = (
+            forward_tokens(self, ids[seen:], kind=self._kind(seen, len(ids), "decode")),
+            None,
+        )
         return self.last_logits
+
+    def _kind(self, seen: int, end: int, one_token_kind: str) -> str:
+        """What a pass over committed ids ``[seen, end)`` is: prefill while it reads the prompt, catch-up when it
+        reads several (the other model's tokens), else what the caller does with the one token."""
+        if seen < self.prompt_len:
+            return "prefill"
+        return "catchup" if end - seen > 1 else one_token_kind
 
     def draft_logits(self, ids: list[int]) -> torch.Tensor:
         """:meth:`logits_for` for a draft's first token: over the draft head's subset when there is one."""
@@ -134,23 +158,23 @@ class ModelRunner:
         if seen >= len(ids):
             raise RuntimeError(f"{self.role} runner holds {seen} tokens but the sequence has only {len(ids)}")
         self._account(seen, len(ids))
-        return self._draft_pass(ids[seen:])
+        return self._draft_pass(ids[seen:], self._kind(seen, len(ids), "draft"))
 
     def draft_step(self, token: int) -> torch.Tensor:
         """Appends one draft token (not yet accepted by anyone) and returns the logits after it."""
         self.stats.draft_tokens += 1
         self.stats.forward_passes += 1
         if self.draft_head is not None:
-            return self._draft_pass([token])
-        self.last_logits, self.last_hidden = forward_tokens(self, [token]), None
+            return self._draft_pass([token], "draft")
+        self.last_logits, self.last_hidden = forward_tokens(self, [token], kind="draft"), None
         return self.last_logits
 
-    def _draft_pass(self, new_ids: list[int]) -> torch.Tensor:
+    def _draft_pass(self, new_ids: list[int], kind: str) -> torch.Tensor:
         assert self.draft_head is not None
-        self.last_hidden, self.last_logits = forward_hidden(self, new_ids), None
+        self.last_hidden, self.last_logits = forward_hidden(self, new_ids, kind), None
         started = time.perf_counter()
         logits = self.draft_head.logits(self.last_hidden)[0]
-        self.stats.forward_seconds += time.perf_counter() - started  # the output layer is part of the pass
+        self.stats.add_seconds(kind, time.perf_counter() - started)  # the output layer is part of the pass
         return logits
 
     def verify(self, ids: list[int], draft: list[int]) -> torch.Tensor:
@@ -161,7 +185,8 @@ class ModelRunner:
         seen = len(self.cached_ids)
         self._account(seen, len(ids))
         self.stats.verified_tokens += len(draft)
-        logits = forward_tokens(self, ids[seen:] + draft, keep=len(draft) + 1).reshape(len(draft) + 1, -1)
+        logits = forward_tokens(self, ids[seen:] + draft, keep=len(draft) + 1, kind="verify_drafts")
+        logits = logits.reshape(len(draft) + 1, -1)
         self.last_logits, self.last_hidden = logits[-1], None
         return logits
 
@@ -173,7 +198,7 @@ class ModelRunner:
         seen = len(self.cached_ids)
         self._account(seen, len(ids))
         keep = len(ids) - start + 1
-        rows = forward_tokens(self, ids[seen:], keep=keep).reshape(keep, -1)
+        rows = forward_tokens(self, ids[seen:], keep=keep, kind="verify_sentences").reshape(keep, -1)
         self.last_logits, self.last_hidden = rows[-1], None
         return rows
 
@@ -199,7 +224,7 @@ class ModelRunner:
 
 
 @torch.inference_mode()
-def forward_tokens(runner: ModelRunner, new_ids: list[int], keep: int = 1) -> torch.Tensor:
+def forward_tokens(runner: ModelRunner, new_ids: list[int], keep: int = 1, kind: str = "decode") -> torch.Tensor:
     """One forward pass over ``new_ids`` appended to the runner's cache; returns the last position's logits (1-D),
     or with ``keep > 1`` the last ``keep`` positions' logits (2-D, one row per position).
 
@@ -216,19 +241,19 @@ def forward_tokens(runner: ModelRunner, new_ids: list[int], keep: int = 1) -> to
     logits = output.logits[0, -1].float() if keep == 1 else output.logits[0, -keep:].float()  # type: ignore[attr-defined]
     if compiled:
         logits = logits.clone()  # a CUDA graph's outputs are overwritten by its next replay
-    _finish_pass(runner, new_ids, started, logits)
+    _finish_pass(runner, new_ids, started, logits, kind)
     return logits
 
 
 @torch.inference_mode()
-def forward_hidden(runner: ModelRunner, new_ids: list[int]) -> torch.Tensor:
+def forward_hidden(runner: ModelRunner, new_ids: list[int], kind: str = "draft") -> torch.Tensor:
     """:func:`forward_tokens` without the output layer: the last position's final hidden state, ``(1, hidden)``,
     for a draft head to score (the model's body runs eagerly: a compiled step includes the full projection)."""
     input_ids, kwargs = _pass_inputs(runner, new_ids)
     started = time.perf_counter()
     output = runner.model.base_model(input_ids=input_ids, use_cache=True, **kwargs)
     hidden = output.last_hidden_state[0, -1:]  # type: ignore[attr-defined]
-    _finish_pass(runner, new_ids, started, hidden)
+    _finish_pass(runner, new_ids, started, hidden, kind)
     return hidden
 
 
@@ -250,9 +275,9 @@ def _pass_inputs(runner: ModelRunner, new_ids: list[int]) -> tuple[torch.Tensor,
     return input_ids, kwargs
 
 
-def _finish_pass(runner: ModelRunner, new_ids: list[int], started: float, result: torch.Tensor) -> None:
+def _finish_pass(runner: ModelRunner, new_ids: list[int], started: float, result: torch.Tensor, kind: str) -> None:
     if result.device.type == "cuda":
         # Kernels run asynchronously; the sampler would wait for them right after anyway, so timing here costs nothing.
         torch.cuda.synchronize(result.device)
-    runner.stats.forward_seconds += time.perf_counter() - started
+    runner.stats.add_seconds(kind, time.perf_counter() - started)
     runner.cached_ids.extend(new_ids)

@@ -71,6 +71,10 @@ class Usage:
     # is sampling, detokenizing, the policy and Python: the split shows where a request's time went.
     large_forward_seconds: float = 0.0
     small_forward_seconds: float = 0.0
+    # The forward seconds by model and by what each pass was for ("large.decode", "large.catchup",
+    # "large.verify_drafts", "large.verify_sentences", "small.decode" (its sentences and answers), "small.draft", ...;
+    # kinds: ``runner.PASS_KINDS``): where an answer's time went, so the next lever shows in every report.
+    time_split: dict[str, float] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:

@@ -33,6 +33,7 @@ class BackendUsage:
     requests: int = 0
     large_forward_seconds: float = 0.0
     small_forward_seconds: float = 0.0
+    time_split: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
