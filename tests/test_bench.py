@@ -379,7 +379,7 @@ def test_time_split_per_answer_interprets_the_passes():
             draft_tokens=20,
             accepted_draft_tokens=15,
             time_split=split,
-        ),  # fmt: skip
+        ),
         run("large", 10.0, 100),
     ]
     summary = summarize(runs, ["large", "relay-spec+verify@greedy"])
