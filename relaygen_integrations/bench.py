@@ -32,6 +32,7 @@ from .bench_summary import VERIFY_SUFFIX as VERIFY_SUFFIX
 from .bench_summary import Run as Run
 from .bench_summary import is_relay_mode as is_relay_mode
 from .bench_summary import is_verify_mode as is_verify_mode
+from .bench_summary import split_format
 from .bench_summary import summarize as summarize
 from .engine.cpu import cpu_model_and_flags, isa_limits
 from .engine.engine import GenerationError, RelayEngine
@@ -174,6 +175,34 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
     return modes
 
 
+def modes_over_formats(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
+    """:func:`make_modes` for every mode, a mode named ``MODE#FORMATS`` (``large#int8``,
+    ``large-spec#bf16/int8``) over the same pair loaded in those per-model formats: so formats are compared in one
+    interleaved run (each distinct combination loaded once; one equal to the run's own reuses its engine)."""
+    groups: dict[str | None, list[str]] = {}
+    own = weights_name(config.dtype, config)
+    for name in config.modes:
+        formats = split_format(name)[1]
+        try:  # a bad format fails here, before any weights load
+            if formats is not None and weights_name(formats, config) == own:
+                formats = None
+        except ValueError as exc:
+            raise ValueError(f"benchmark mode {name!r}: {exc}") from exc
+        groups.setdefault(formats, []).append(name)
+    modes: dict[str, ModeFn] = {}
+    for formats, names in groups.items():
+        if formats is not None and engine.backend.kind != "local":
+            raise ValueError(f"benchmark modes {names}: a weight format per mode needs local models")
+        mode_engine = engine if formats is None else RelayEngine.from_pretrained(
+            config.large, config.small, cues=config.cues, dtype=formats, kv_cache=config.kv_cache,
+            compile=config.compile, draft_vocab=config.draft_vocab,
+        )  # fmt: skip
+        by_base = {split_format(name)[0]: name for name in names}
+        built = make_modes(mode_engine, config.model_copy(update={"modes": list(by_base)}))
+        modes |= {by_base[base]: fn for base, fn in built.items()}
+    return modes
+
+
 # -- the run ----------------------------------------------------------------------------------------------------
 def run_benchmark(config: BenchConfig, console: Console | None = None, engine: RelayEngine | None = None) -> dict:
     console = console or Console()
@@ -189,7 +218,7 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
     if config.concurrency > 1 and engine.backend.serialized:
         raise ValueError(f"concurrency={config.concurrency}: the {engine.backend.kind} backend runs one request at "
                          "a time; concurrent requests need a remote backend (endpoints)")  # fmt: skip
-    modes = make_modes(engine, config)
+    modes = modes_over_formats(engine, config)
     unknown = [m for m in config.modes if m not in modes]
     if unknown:
         raise ValueError(f"unknown benchmark modes {unknown}; known: {sorted(modes)}")
@@ -301,6 +330,11 @@ def resolved_dtype(dtype: str, large: str = "", small: str = "") -> str:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = pick_pair_weights(shipped_dtype(known_pair(large, small), device, dtype), device).name
     return resolved if resolved == dtype else f"{resolved} ({dtype})"
+
+
+def weights_name(dtype: str, config: BenchConfig) -> str:
+    """The canonical per-model formats ``dtype`` loads for the run's pair on this device (``bf16/int8``)."""
+    return resolved_dtype(dtype, config.large, config.small).split(" ", 1)[0]
 
 
 def machine_info(config: BenchConfig) -> dict[str, Any]:

@@ -16,16 +16,26 @@ VERIFY_MODES = ("relay", "relay-spec")  # the relay modes that take a "+verify@<
 VERIFY_SUFFIX = "+verify"
 
 
+FORMAT_SEPARATOR = "#"  # "large#int8": a mode run with other weight formats than the run's (``--dtype``)
+
+
+def split_format(mode: str) -> tuple[str, str | None]:
+    """``"relay-spec+verify@prob:0.2#int8/int8"`` -> (``"relay-spec+verify@prob:0.2"``, ``"int8/int8"``): the mode
+    and the per-model weight formats it runs with (None: the run's own)."""
+    base, separator, formats = mode.partition(FORMAT_SEPARATOR)
+    return base, (formats if separator else None)
+
+
 def is_verify_mode(mode: str) -> bool:
     """``relay+verify@<rule>`` and ``relay-spec+verify@<rule>``: relay whose small segments the large model checks."""
-    base = mode.split("@", 1)[0]
+    base = split_format(mode)[0].split("@", 1)[0]
     return base.endswith(VERIFY_SUFFIX) and base.removesuffix(VERIFY_SUFFIX) in VERIFY_MODES
 
 
 def is_relay_mode(mode: str) -> bool:
     """``relay``, ``reprompt`` and ``relay-spec``, also with a cue set (``relay@generic``, ``relay@all-candidates``)
     or verified (``relay+verify@greedy``, ``relay-spec+verify@prob:0.05``)."""
-    return mode.split("@", 1)[0] in RELAY_MODES or is_verify_mode(mode)
+    return split_format(mode)[0].split("@", 1)[0] in RELAY_MODES or is_verify_mode(mode)
 
 
 @dataclass
