@@ -127,8 +127,10 @@ def test_calibrate_command_on_the_demo_pair(tmp_path):
     )
     out = tmp_path / "demo.json"
     traces = tmp_path / "traces.jsonl"
+    costs, pass_cost = write_costs(tmp_path, "bf16")
     args = ["calibrate", "--data", str(data), "--n", "2", "--max-new-tokens", "48", "--min-occurrences", "1",
-            "--traces", str(traces), "--out", str(out)]  # fmt: skip
+            "--min-traces", "1", "--traces", str(traces), "--out", str(out), "--costs", str(costs),
+            "--pass-cost", str(pass_cost)]  # fmt: skip
     assert main(args) == 0
     profile = json.loads(out.read_text())
     assert profile["settings"]["n"] == 2 and profile["total_tokens"] > 0
@@ -137,5 +139,23 @@ def test_calibrate_command_on_the_demo_pair(tmp_path):
 
     assert {row["cue"] for row in profile["table"]} >= set(PAPER_CANDIDATES)
     assert len(traces.read_text().splitlines()) == 2 and out.with_suffix(".png").exists()
+    # Verified: every cue seen was run through the small model and scored by the large one under the pair's rule.
+    verified = profile["verified"]
+    assert verified["rule"] == "prob:0.2" and profile["selected_cues"] == verified["selected_cues"]
+    assert all(row["written"] >= row["kept"] for row in verified["table"])
+    assert sum(row["written"] for row in verified["table"]) > 0
+    assert out.with_name("demo-verified.png").exists()
     # A second run reuses the saved traces (no large-model generation) and selects the same cues.
     assert main(args) == 0 and json.loads(out.read_text())["selected_cues"] == profile["selected_cues"]
+
+
+def write_costs(directory, large_format: str):
+    """A saved bench run with a speculative baseline and a pass-cost table, as verified calibration reads them."""
+    costs = directory / "bench"
+    costs.mkdir()
+    summary = {"large-spec": {"s_per_token": 0.1, "ms_per_small_token": 40.0}}
+    (costs / "results.json").write_text(json.dumps({"summary": summary}))
+    pass_cost = directory / "pass_cost.json"
+    table = {"1": 0.09, "8": 0.15, "32": 0.32}
+    pass_cost.write_text(json.dumps({"seconds": {"large": {large_format: table}}}))
+    return costs, pass_cost

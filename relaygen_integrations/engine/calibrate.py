@@ -181,8 +181,15 @@ def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 def write_profile(
-    path: Path, result: CalibrationResult, pair: dict[str, Any], settings: dict[str, Any]
+    path: Path,
+    result: CalibrationResult,
+    pair: dict[str, Any],
+    settings: dict[str, Any],
+    verified: dict[str, Any] | None = None,
+    selected_cues: list[str] | None = None,
 ) -> dict[str, Any]:
+    """The profile: the margin test's table, and with ``verified`` (``calibrate_verified.verified_profile_entry``)
+    the verified table whose selection (``selected_cues``) is then the one the engine uses."""
     profile = {
         "format": 1,
         "pair": pair,
@@ -190,9 +197,11 @@ def write_profile(
         "overall_mean_margin": result.overall_mean_margin,
         "total_tokens": result.total_tokens,
         "table": [asdict(row) for row in result.table],
-        "selected_cues": result.selected,
+        "selected_cues": result.selected if selected_cues is None else selected_cues,
         "candidates": [row.cue for row in result.table],
     }
+    if verified is not None:
+        profile["verified"] = verified
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(profile, indent=2, ensure_ascii=False))
     return profile
