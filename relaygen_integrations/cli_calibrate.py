@@ -23,7 +23,7 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--data", type=Path, required=True, help="GSM8K-style jsonl (use a train split)")
     parser.add_argument("--n", type=int, default=40, help="problems to trace")
     parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--dtype", default="bf16", help="the pair's weight formats (bf16, int8, bf16/int8, ...)")
     parser.add_argument("--traces", type=Path, default=None, help="reuse (or, if missing, save) traces here")
     parser.add_argument("--threshold", type=float, default=0.0, help="select cues with delta above this")
     parser.add_argument("--min-occurrences", type=int, default=3)

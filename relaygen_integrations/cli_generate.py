@@ -26,7 +26,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default="auto",
-        help="auto (bf16) | fast (int8 on CPUs without bf16 instructions, else bf16) | bf16 | fp32 | int8 (CPU)",
+        help="auto (the pair's shipped formats, else bf16) | fast (int8 on a CPU, bf16 on CUDA) | bf16 | fp32 | int8"
+        " (CPU); LARGE/SMALL gives each model its own, e.g. bf16/int8",
     )
     parser.add_argument("--device", default="auto")
     parser.add_argument(
@@ -45,10 +46,11 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--speculative",
         nargs="?",
         const=True,
-        default=False,
+        default=None,
         type=int,
         metavar="K",
-        help="the small model drafts for the large model's tokens (lossless); optional maximum draft length K",
+        help="the small model drafts for the large model's tokens (lossless); optional maximum draft length K; 0 turns"
+        " it off (default: the pair's shipped choice)",
     )
     parser.add_argument(
         "--draft-vocab",
@@ -171,7 +173,7 @@ def describe_mode(engine: RelayEngine, settings: GenerationSettings) -> str:
     verify = engine.verify if settings.verify is None else settings.verify
     if settings.mode == "relay" and verify:
         parts.append(f"verified ({verify.spec})")
-    if settings.speculative:
+    if engine.speculative if settings.speculative is None else settings.speculative:
         parts.append("self-speculative")
     return ", ".join(parts)
 

@@ -29,7 +29,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--dtype",
         default="auto",
-        help="auto (bf16) | fast (int8 on CPUs without bf16 instructions, else bf16) | bf16 | fp32 | int8 (CPU)",
+        help="auto (the pair's shipped formats, else bf16) | fast (int8 on a CPU, bf16 on CUDA) | bf16 | fp32 | int8"
+        " (CPU); LARGE/SMALL gives each model its own (e.g. bf16/int8; --single: one format)",
     )
     parser.add_argument("--device", default="auto")
     parser.add_argument(

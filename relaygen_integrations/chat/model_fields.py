@@ -33,7 +33,8 @@ class RelayModelFields(BaseModel):
     device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     dtype: str = Field(
         default="auto",
-        description="'auto', 'fast' (int8 on a CPU, bf16 on CUDA), 'bf16', 'fp16', 'fp32' or 'int8' (CPU only).",
+        description="'auto' (the pair's shipped formats, else bf16), 'fast' (int8 on a CPU, bf16 on CUDA), 'bf16', "
+        "'fp16', 'fp32' or 'int8' (CPU only); 'LARGE/SMALL' gives each model its own (e.g. 'bf16/int8').",
     )
     compile: bool = Field(
         default=False,
@@ -55,10 +56,10 @@ class RelayModelFields(BaseModel):
         description="Stop strings (they hold across a switch too).",
     )
     mode: Mode = Field(default="relay", description="'relay', or one model alone through the same loop (baselines).")
-    speculative: bool | int = Field(
-        default=False,
+    speculative: bool | int | None = Field(
+        default=None,
         description="The small model drafts for the large model's tokens (same greedy output); an int bounds the "
-        "adaptive draft length.",
+        "adaptive draft length; None = the engine's default (for the demo pair, what its profile ships).",
     )
     draft_vocab: int | None = Field(
         default=None,
@@ -97,8 +98,9 @@ class RelayModelFields(BaseModel):
             "seed": self.seed,
             "stop": self.stop,
             "mode": self.mode,
-            "speculative": self.speculative,
         }
+        if self.speculative is not None:
+            layer["speculative"] = self.speculative
         if self.cues is not None:
             layer["cues"] = self.cues
         if self.verify is not None:

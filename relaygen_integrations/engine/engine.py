@@ -50,7 +50,7 @@ from .settings import (
     shown,
 )
 from .spans import FinalEvent, RelayResult, StreamEvent
-from .speculative import DEFAULT_DRAFT_CONFIDENCE
+from .speculative import DEFAULT_DRAFT_CONFIDENCE, shipped_speculative
 from .transcript import Transcript
 from .verify import VerifyRule, parse_verify_default, shipped_verify_rule
 
@@ -152,7 +152,7 @@ class RelayEngine:
         trust_remote_code: bool = False,
         allow_pickle: bool = False,
         reuse_prefix: bool = True,
-        speculative: bool | int = False,
+        speculative: bool | int | Literal["auto"] = "auto",
         verify: VerifyRule | str | None = "auto",
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
         draft_vocab: DraftVocab | Literal["auto"] = "auto",
@@ -162,8 +162,10 @@ class RelayEngine:
         """Loads both models (a known pair name such as ``"demo"``, a local directory, or a hub id).
 
         The tokenizer and chat template come from the large model; the small model's tokenizer must agree with it.
-        ``verify="auto"`` / ``draft_vocab="auto"``: the verification rule / draft vocabulary the pair's shipped
-        profile names (the demo pair's were chosen from benchmark runs), else none / the whole vocabulary.
+        ``verify="auto"`` / ``draft_vocab="auto"`` / ``speculative="auto"`` / ``dtype="auto"``: the verification
+        rule / draft vocabulary / speculation / per-model weight formats the pair's shipped profile names (the demo
+        pair's were chosen from benchmark runs), else none / the whole vocabulary / off / bf16. ``dtype`` may give
+        each model its own format: ``"bf16/int8"`` (large/small) or ``{"large": "bf16", "small": "int8"}``.
         """
         torch_device = pick_device(device)
         weights = pick_pair_weights(shipped_dtype(known_pair(large, small), torch_device, dtype), torch_device)
@@ -188,7 +190,7 @@ class RelayEngine:
             small_name=small if small_pair is None else f"{small_pair}:small",
             pair_name=pair_name,
             reuse_prefix=reuse_prefix,
-            speculative=speculative,
+            speculative=shipped_speculative(pair_name) if speculative == "auto" else speculative,
             verify=shipped_verify_rule(pair_name) if verify == "auto" else verify,
             draft_confidence=draft_confidence,
             draft_vocab=shipped_draft_vocab(pair_name) if draft_vocab == "auto" else draft_vocab,

@@ -153,3 +153,13 @@ def speculative_step(
     stats.accepted += accepted
     length.update(len(draft_tokens), accepted)
     return committed
+
+
+def shipped_speculative(pair_name: str | None) -> bool | int:
+    """Whether a known pair speculates by default: its shipped profile's ``"speculative"`` entry (``{"draft": true
+    or a maximum draft length, "benchmark": ..., "why": ...}``, chosen from a benchmark run), else False."""
+    from .cues import profile_entry
+
+    entry = profile_entry(pair_name, "speculative")
+    value = entry.get("draft", False) if isinstance(entry, dict) else entry
+    return value if isinstance(value, (bool, int)) else False
