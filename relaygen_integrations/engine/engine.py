@@ -27,15 +27,11 @@ from .kv import KVCacheKind, cache_options
 from .local import LocalBackend
 from .models import (
     PairDTypeSpec,
-    check_tokenizers_match,
     known_pair,
-    load_causal_lm,
-    load_tokenizer,
+    load_pair,
     pick_device,
     pick_pair_weights,
-    quantize_linear_int8,
     reasoning_end_marker,
-    resolve_reference,
     shipped_dtype,
 )
 from .policy import PolicyConfig, RelayPolicy
@@ -167,27 +163,16 @@ class RelayEngine:
         pair's were chosen from benchmark runs), else none / the whole vocabulary / off / bf16. ``dtype`` may give
         each model its own format: ``"bf16/int8"`` (large/small) or ``{"large": "bf16", "small": "int8"}``.
         """
-        torch_device = pick_device(device)
-        weights = pick_pair_weights(shipped_dtype(known_pair(large, small), torch_device, dtype), torch_device)
-        large_ref, pair = resolve_reference(large, "large", weights.large.source_dtype)
-        small_ref, small_pair = resolve_reference(small, "small", weights.small.source_dtype)
-        tokenizer = load_tokenizer(large_ref, trust_remote_code)
-        check_tokenizers_match(tokenizer, load_tokenizer(small_ref, trust_remote_code))
-        models = []
-        for role, ref in (("large", large_ref), ("small", small_ref)):
-            fmt = weights[role]  # type: ignore[index]
-            model = load_causal_lm(ref, fmt.source_dtype, torch_device, trust_remote_code, allow_pickle)
-            models.append(quantize_linear_int8(model) if fmt.quantized else model)
-        large_model, small_model = models
-        pair_name = pair if pair == small_pair else None
+        loaded = load_pair(large, small, pick_device(device), dtype, trust_remote_code, allow_pickle)
+        large_model, small_model, tokenizer, pair_name = loaded.large, loaded.small, loaded.tokenizer, loaded.pair_name
         return cls.from_models(
             large_model,
             small_model,
             tokenizer,
             cues=resolve_cues(cues, pair_name),
             policy=policy,
-            large_name=large if pair is None else f"{pair}:large",
-            small_name=small if small_pair is None else f"{small_pair}:small",
+            large_name=loaded.large_name,
+            small_name=loaded.small_name,
             pair_name=pair_name,
             reuse_prefix=reuse_prefix,
             speculative=shipped_speculative(pair_name) if speculative == "auto" else speculative,

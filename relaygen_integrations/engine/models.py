@@ -305,3 +305,43 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
 
 def context_window(model: PreTrainedModel) -> int:
     return int(getattr(model.config, "max_position_embeddings", 0) or 32768)
+
+
+@dataclass
+class LoadedPair:
+    """Two models loaded for one engine, each in its own weight format, with the large model's tokenizer."""
+
+    large: PreTrainedModel
+    small: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    large_name: str
+    small_name: str
+    pair_name: str | None  # the known pair both name ("demo"), else None
+
+
+def load_pair(
+    large: str,
+    small: str,
+    device: torch.device,
+    dtype: PairDTypeSpec = "auto",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+) -> LoadedPair:
+    """Resolves both references (a known pair's roles, local directories, hub ids), checks that their tokenizers
+    agree, and loads each model in its format (``dtype="auto"``: the known pair's shipped formats, else bf16)."""
+    weights = pick_pair_weights(shipped_dtype(known_pair(large, small), device, dtype), device)
+    large_ref, pair = resolve_reference(large, "large", weights.large.source_dtype)
+    small_ref, small_pair = resolve_reference(small, "small", weights.small.source_dtype)
+    tokenizer = load_tokenizer(large_ref, trust_remote_code)
+    check_tokenizers_match(tokenizer, load_tokenizer(small_ref, trust_remote_code))
+    models = []
+    for role, ref in (("large", large_ref), ("small", small_ref)):
+        fmt = weights[role]  # type: ignore[index]
+        model = load_causal_lm(ref, fmt.source_dtype, device, trust_remote_code, allow_pickle)
+        models.append(quantize_linear_int8(model) if fmt.quantized else model)
+    return LoadedPair(
+        models[0], models[1], tokenizer,
+        large_name=large if pair is None else f"{pair}:large",
+        small_name=small if small_pair is None else f"{small_pair}:small",
+        pair_name=pair if pair == small_pair else None,
+    )  # fmt: skip
