@@ -229,24 +229,37 @@ def verified_calibrate(
 def costs_from_runs(
     bench_results: dict[str, Any], pass_cost: dict[str, Any], large_format: str, mode: str | None = None
 ) -> PairCosts:
-    """:class:`PairCosts` from what was measured on this machine: a saved ``relaygen bench`` run with a speculative
-    baseline (``mode``, default its first ``large-spec`` mode: its all-in seconds per token, and its small-model
-    cost per token from the time split) and ``benchmarks/pass_cost.py``'s table for the large model in
-    ``large_format``."""
+    """:class:`PairCosts` from what was measured on this machine: a saved ``relaygen bench`` run and
+    ``benchmarks/pass_cost.py``'s table for the large model in ``large_format``.
+
+    The baseline is ``mode`` (default: the run's first ``large-spec`` mode): the fastest way the large model writes
+    alone in those formats - speculation where it pays, plain ``large`` where drafting costs more than it saves (int8
+    under int8 on AVX-512 CPUs). Its all-in seconds per token is the baseline's cost. The small model's cost per token
+    is the baseline's own (speculative: drafted and written tokens) or, for a plain baseline, the run's first relay
+    mode's sentence time per small token written."""
     summary = bench_results["summary"]
     if mode is None:
         mode = next((m for m in summary if m.split("#", 1)[0].split("@", 1)[0] == "large-spec"), None)
     if mode is None or mode not in summary:
-        raise ValueError(f"the bench run has no speculative baseline {mode or 'large-spec'!r}: modes {list(summary)}")
+        raise ValueError(f"the bench run has no baseline mode {mode or 'large-spec'!r}: modes {list(summary)}")
     entry = summary[mode]
-    if "ms_per_small_token" not in entry:
-        raise ValueError(f"bench mode {mode!r} recorded no small-model cost per token (a run without forward times)")
+    small_ms = entry.get("ms_per_small_token")
+    if small_ms is None:
+        for other in summary.values():
+            split, written = other.get("time_split_s", {}), other.get("kept_small_per_problem", 0.0)
+            written += other.get("rejected_per_problem", 0.0)
+            if split.get("small.decode") and written:
+                small_ms = 1000 * split["small.decode"] / written
+                break
+    if small_ms is None:
+        raise ValueError(f"the bench run recorded no small-model cost per token (mode {mode!r} does not draft and no"
+                         " verified relay mode has a time split)")  # fmt: skip
     try:
         table = pass_cost["seconds"]["large"][large_format]
     except KeyError:
         raise ValueError(f"the pass-cost table has no large-model row for {large_format!r}") from None
     return PairCosts(
-        small_token_ms=float(entry["ms_per_small_token"]),
+        small_token_ms=float(small_ms),
         baseline_token_ms=1000 * float(entry["s_per_token"]),
         pass_ms={int(k): 1000 * float(v) for k, v in table.items()},
     )
