@@ -189,7 +189,8 @@ def run_demo(args: argparse.Namespace) -> int:
     record, reference = records[args.index], gsm8k_reference_answer(records[args.index])
     messages = math_messages(record["question"])
     engine, settings = _load(args, console)
-    runs = [("large alone", settings.model_copy(update={"mode": "large", "verify": False}))] if args.compare else []
+    alone = settings.model_copy(update={"mode": "large", "verify": False, "speculative": False})
+    runs = [("large alone", alone)] if args.compare else []
     if not (args.compare and settings.mode == "large"):
         runs.append((describe_mode(engine, settings), settings))
     if args.json:

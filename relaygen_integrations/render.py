@@ -52,14 +52,18 @@ def seconds_per_token(result: RelayResult) -> float:
 
 
 def comparison_table(results: dict[str, RelayResult], reference: str) -> Table:
-    """One row per run of the same question: its answer against the reference, tokens, time, and speed per token
-    relative to the first run (runs write different numbers of tokens, so seconds per token is what compares)."""
+    """One row per run of the same question: its answer against the reference, tokens, time to the answer and its
+    speed-up against the first run (what a user waits for), then speed per token (runs write different numbers of
+    tokens)."""
     table = Table(show_edge=False)
     # Verified relay's rejected small tokens (dropped and rewritten by the large model), when any run verified.
     verified = any(r.usage.verified_tokens or r.usage.rejected_tokens for r in results.values())
-    for column in ("run", "answer", "tokens", "small", *(["rejected"] if verified else []), "s", "tok/s", "speed"):
+    columns = ("run", "answer", "tokens", "small", *(["rejected"] if verified else []), "s to answer", "speed-up",
+               "tok/s", "per token")  # fmt: skip
+    for column in columns:
         table.add_column(column, justify="left" if column in ("run", "answer") else "right")
-    baseline = seconds_per_token(next(iter(results.values())))
+    first = next(iter(results.values()))
+    baseline = seconds_per_token(first)
     for name, result in results.items():
         answer = extract_answer(result.text)
         verdict = "[green]correct[/green]" if answers_match(answer, reference) else "[red]wrong[/red]"
@@ -67,17 +71,21 @@ def comparison_table(results: dict[str, RelayResult], reference: str) -> Table:
         table.add_row(
             name, f"{answer} ({verdict})", str(usage.completion_tokens), f"{usage.small_share:.0%}",
             *([str(usage.rejected_tokens)] if verified else []),
-            f"{result.elapsed:.1f}", f"{1 / cost if cost else 0:.2f}", f"{baseline / cost if cost else 0:.2f}x",
+            f"{result.elapsed:.1f}", f"[bold]{first.elapsed / result.elapsed if result.elapsed else 0:.2f}x[/bold]",
+            f"{1 / cost if cost else 0:.2f}", f"{baseline / cost if cost else 0:.2f}x",
         )  # fmt: skip
     return table
 
 
 def speedup_sentence(results: dict[str, RelayResult]) -> str:
-    """The last run's speed per token against the first's (the demo: relay against the large model alone)."""
+    """The last run's time to the answer against the first's (the demo: relay against the large model alone), with
+    the speed per token after it."""
     (first, baseline), (last, result) = next(iter(results.items())), list(results.items())[-1]
+    answer = baseline.elapsed / result.elapsed if result.elapsed else 0.0
     rates = [1 / cost if (cost := seconds_per_token(r)) else 0.0 for r in (result, baseline)]
     ratio = rates[0] / rates[1] if rates[1] else 0.0
     return (
-        f"{last} ran at {ratio:.2f}x the speed per token of {first} on this question "
-        f"({rates[0]:.2f} vs {rates[1]:.2f} tokens/s); `relaygen bench` measures it over many."
+        f"{last} answered in {result.elapsed:.1f} s against {baseline.elapsed:.1f} s for {first}: {answer:.2f}x "
+        f"faster to the answer on this question ({ratio:.2f}x per token: {rates[0]:.2f} vs {rates[1]:.2f} "
+        "tokens/s); `relaygen bench` measures it over many."
     )

@@ -135,12 +135,18 @@ def test_costs_come_from_the_baseline_mode_or_a_relay_mode_time_split():
     summary = {
         "large#int8": {"s_per_token": 0.097},
         "large-spec#int8": {"s_per_token": 0.12, "ms_per_small_token": 44.0},
-        "relay+verify@prob:0.2#int8": {"s_per_token": 0.06, "time_split_s": {"small.decode": 3.0},
-                                       "kept_small_per_problem": 50.0, "rejected_per_problem": 10.0},  # fmt: skip
+        "relay+verify@prob:0.2#int8": {
+            "s_per_token": 0.06,
+            "time_split_s": {"small.decode": 3.0},
+            "kept_small_per_problem": 50.0,
+            "rejected_per_problem": 10.0,
+        },
     }
     spec = costs_from_runs({"summary": summary}, pass_cost, "int8")
-    assert (spec.small_token_ms, spec.baseline_token_ms, spec.pass_ms) == (44.0, 120.0, {1: 100.0, 8: 150.0})
+    assert (spec.small_token_ms, spec.baseline_token_ms, spec.pass_ms) == (50.0, 120.0, {1: 100.0, 8: 150.0})
     plain = costs_from_runs({"summary": summary}, pass_cost, "int8", mode="large#int8")
     assert plain.small_token_ms == pytest.approx(50.0) and plain.baseline_token_ms == pytest.approx(97.0)
+    del summary["relay+verify@prob:0.2#int8"]  # no sentences measured: a drafted token's cost
+    assert costs_from_runs({"summary": summary}, pass_cost, "int8").small_token_ms == 44.0
     with pytest.raises(ValueError, match="no baseline mode 'large'"):
         costs_from_runs({"summary": summary}, pass_cost, "int8", mode="large")

@@ -54,7 +54,7 @@ def test_demo_runs_a_gsm8k_question_and_checks_the_index(scripted, capsys):
     out = capsys.readouterr().out
     assert "Janet" in out and "reference answer: 18" in out and "switches 2" in out
     # The large model alone first, then relay, then the comparison of the two on this question.
-    assert out.index("large alone") < out.index("relay (reference") < out.index("relay ran at")
+    assert out.index("large alone") < out.index("relay (reference") < out.index("relay answered in")
     assert "1.00x" in out and "wrong" in out  # the scripted reply's answer (five) is not 18
     assert main(["demo", "--index", "99"]) == 2
 
@@ -74,7 +74,10 @@ def test_demo_table_counts_the_rejected_tokens_of_a_verified_relay(scripted, cap
     out = capsys.readouterr().out
     assert "relay, verified (greedy) (reference" in out
     header = next(line for line in out.splitlines() if "tok/s" in line and "answer" in line)
-    assert header.replace("┃", " ").split() == ["run", "answer", "tokens", "small", "rejected", "s", "tok/s", "speed"]
+    assert header.replace("┃", " ").split() == [
+        "run", "answer", "tokens", "small", "rejected", "s", "to", "answer", "speed-up", "tok/s", "per", "token"
+    ]  # fmt: skip
+    assert "faster to the answer on this question" in out
     row = next(line for line in out.splitlines() if line.strip().startswith("relay,") and "│" in line)
     assert int(row.split("│")[4]) > 0  # the upper-case sentence the scripted large model rejects
     assert main(["demo", "--max-new-tokens", "100"]) == 0  # unverified: no such column

@@ -243,14 +243,14 @@ def costs_from_runs(
     if mode is None or mode not in summary:
         raise ValueError(f"the bench run has no baseline mode {mode or 'large-spec'!r}: modes {list(summary)}")
     entry = summary[mode]
-    small_ms = entry.get("ms_per_small_token")
-    if small_ms is None:
-        for other in summary.values():
-            split, written = other.get("time_split_s", {}), other.get("kept_small_per_problem", 0.0)
-            written += other.get("rejected_per_problem", 0.0)
-            if split.get("small.decode") and written:
-                small_ms = 1000 * split["small.decode"] / written
-                break
+    small_ms = None
+    for other in summary.values():  # what a sentence token costs: measured where the small model wrote sentences
+        split, written = other.get("time_split_s", {}), other.get("kept_small_per_problem", 0.0)
+        written += other.get("rejected_per_problem", 0.0)
+        if split.get("small.decode") and written:
+            small_ms = 1000 * split["small.decode"] / written
+            break
+    small_ms = entry.get("ms_per_small_token") if small_ms is None else small_ms  # else a drafted token's
     if small_ms is None:
         raise ValueError(f"the bench run recorded no small-model cost per token (mode {mode!r} does not draft and no"
                          " verified relay mode has a time split)")  # fmt: skip

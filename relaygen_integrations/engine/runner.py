@@ -185,7 +185,8 @@ class ModelRunner:
         seen = len(self.cached_ids)
         self._account(seen, len(ids))
         self.stats.verified_tokens += len(draft)
-        logits = forward_tokens(self, ids[seen:] + draft, keep=len(draft) + 1, kind="verify_drafts")
+        kind = "prefill" if seen < self.prompt_len else "verify_drafts"  # a first round also reads the prompt
+        logits = forward_tokens(self, ids[seen:] + draft, keep=len(draft) + 1, kind=kind)
         logits = logits.reshape(len(draft) + 1, -1)
         self.last_logits, self.last_hidden = logits[-1], None
         return logits
