@@ -211,3 +211,18 @@ def test_from_pretrained_loads_each_model_in_its_own_format(tokenizer, tmp_path)
     assert type(runners["small"].model.lm_head) is torch.ao.nn.quantized.dynamic.Linear
     result = engine.generate([{"role": "user", "content": "Hello"}], max_new_tokens=8, speculative=True)
     assert result.usage.completion_tokens == 8
+
+
+def test_auto_takes_the_formats_and_speculation_a_known_pair_ships(monkeypatch):
+    from relaygen_integrations.engine import cues
+    from relaygen_integrations.engine.models import known_pair, shipped_dtype
+    from relaygen_integrations.engine.speculative import shipped_speculative
+
+    entries = {"dtype": {"cpu": "bf16/int8", "cuda": "bf16", "benchmark": "x"}, "speculative": {"draft": True}}
+    monkeypatch.setattr(cues, "profile_entry", lambda pair, key: entries.get(key) if pair == "demo" else None)
+    assert known_pair("demo", "demo:small") == "demo" and known_pair("demo", "/some/dir") is None
+    assert shipped_dtype("demo", torch.device("cpu"), "auto") == "bf16/int8"
+    assert shipped_dtype("demo", torch.device("cuda"), "auto") == "bf16"
+    assert shipped_dtype("demo", torch.device("cpu"), "fp32") == "fp32"  # an explicit choice wins
+    assert shipped_dtype(None, torch.device("cpu"), "auto") == "auto"  # bf16 for an unknown pair
+    assert shipped_speculative("demo") is True and shipped_speculative(None) is False
