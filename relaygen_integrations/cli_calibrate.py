@@ -178,6 +178,7 @@ def _run_verified(args, engine, traces, proposed, margins, verified, console) ->
             traces, engine.tokenizer, list(dict.fromkeys([*PAPER_CANDIDATES, *proposed])), run, costs, rule,
             margins, args.min_occurrences, args.min_traces,
         )  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)  # the profile is written after this, the plot first
     plot_verified(args.out.with_name(args.out.stem + "-verified.png"), result)
     table = Table(title=f"verified calibration ({result.rule}; ms per small token {costs.small_token_ms:.0f}, "
                   f"per baseline token {costs.baseline_token_ms:.0f})")  # fmt: skip

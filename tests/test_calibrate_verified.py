@@ -110,14 +110,15 @@ def test_the_calibrate_command_runs_verified_calibration_and_refuses_missing_cos
                             for i in range(2)))  # fmt: skip
     costs, pass_cost = write_costs(tmp_path, "fp32")
     base = ["calibrate", "--large", str(tmp_path / "large"), "--small", str(tmp_path / "small"), "--data", str(data),
-            "--n", "2", "--max-new-tokens", "12", "--dtype", "fp32", "--out", str(tmp_path / "p.json")]  # fmt: skip
+            "--n", "2", "--max-new-tokens", "12", "--dtype", "fp32", "--out", str(tmp_path / "new" / "p.json")]  # fmt: skip
     with pytest.raises(SystemExit, match="--costs BENCH_DIR and --pass-cost"):
         main(base)
     with pytest.raises(SystemExit, match="no large-model row for 'fp32'"):
         main([*base, "--costs", str(costs), "--pass-cost", str(write_costs(_mkdir(tmp_path / "x"), "int8")[1])])
     assert main([*base, "--costs", str(costs), "--pass-cost", str(pass_cost), "--verify", "ratio:0.5",
                  "--min-occurrences", "1", "--min-traces", "1"]) == 0  # fmt: skip
-    profile = json.loads((tmp_path / "p.json").read_text())
+    profile = json.loads((tmp_path / "new" / "p.json").read_text())
+    assert (tmp_path / "new" / "p-verified.png").exists()
     assert profile["verified"]["rule"] == "ratio:0.5"
     assert profile["verified"]["costs"]["small_token_ms"] == 40.0
     assert profile["selected_cues"] == profile["verified"]["selected_cues"]
