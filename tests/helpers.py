@@ -7,8 +7,12 @@ case, the relay output shows in its letters which model wrote every character.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from types import SimpleNamespace
+from typing import Any
 
+import pytest
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
@@ -122,3 +126,70 @@ def chat_engine(tokenizer: PreTrainedTokenizerBase, reply: str, cues: list[str] 
     large = ScriptedLM(tokenizer, reply)
     small = ScriptedLM(tokenizer, reply.upper())
     return RelayEngine.from_models(large, small, tokenizer, cues=list(cues or ["So"]))  # type: ignore[arg-type]
+
+
+class PassGate:
+    """Counts the forward passes of ``models`` and holds pass number ``hold_at`` on whichever thread runs it, until
+    the test calls :meth:`release`: the test then knows a generation is mid-way, and that it cancels (or its client
+    leaves) while no pass can run - so the passes after the cancel are counted, not timed.
+
+    After the release at most ``allowed`` more passes may start; the next one raises (so a generation that ignores
+    its cancel fails fast instead of running its whole budget) and sets ``overran``. :meth:`remove` detaches the
+    hooks, before the test's next request."""
+
+    def __init__(self, *models: torch.nn.Module, hold_at: int, allowed: int = 1, timeout: float = 60.0) -> None:
+        self.hold_at, self.allowed, self.timeout = hold_at, allowed, timeout
+        self.passes = 0
+        self.overran = False
+        self.held = threading.Event()  # pass hold_at has started and waits
+        self._released = threading.Event()
+        self._count = threading.Lock()
+        self.thread: threading.Thread | None = None  # the thread that ran the held pass (a generation's worker)
+        self._handles = [model.register_forward_pre_hook(self._hook) for model in models]
+
+    def _hook(self, *_args: object) -> None:
+        with self._count:
+            self.passes += 1
+            number = self.passes
+        if number == self.hold_at:
+            self.thread = threading.current_thread()
+            self.held.set()
+            if not self._released.wait(self.timeout):
+                raise AssertionError(f"pass {number} was held for {self.timeout} s and never released")
+        elif number > self.hold_at + self.allowed:
+            self.overran = True
+            raise RuntimeError(f"forward pass {number} ran after the cancel (held at {self.hold_at})")
+
+    def wait_held(self) -> None:
+        assert self.held.wait(self.timeout), f"the generation never reached forward pass {self.hold_at}"
+
+    def release(self) -> None:
+        self._released.set()
+
+    def after_release(self) -> int:
+        """Passes that started after the held one."""
+        return self.passes - self.hold_at
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+async def cancel_while_held(gate: PassGate, task: asyncio.Task[Any]) -> int:
+    """Cancels ``task`` (an awaitable running one generation) while its worker is held at ``gate``'s pass, lets the
+    worker go on, waits for it to end and returns how many forward passes started after the cancel."""
+    try:
+        await asyncio.to_thread(gate.wait_held)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gate.release()
+        worker = gate.thread
+        assert worker is not None
+        await asyncio.to_thread(worker.join, 60)
+        assert not worker.is_alive(), "the cancelled generation's worker still runs a minute later"
+    finally:
+        gate.release()
+        gate.remove()
+    assert not gate.overran, f"{gate.after_release()} forward passes ran after the cancel"
+    return gate.after_release()
