@@ -197,9 +197,10 @@ def modes_over_formats(engine: RelayEngine, config: BenchConfig) -> dict[str, Mo
             config.large, config.small, cues=config.cues, dtype=formats, kv_cache=config.kv_cache,
             compile=config.compile, draft_vocab=config.draft_vocab,
         )  # fmt: skip
-        by_base = {split_format(name)[0]: name for name in names}
-        built = make_modes(mode_engine, config.model_copy(update={"modes": list(by_base)}))
-        modes |= {by_base[base]: fn for base, fn in built.items()}
+        bases = list(dict.fromkeys(split_format(name)[0] for name in names))
+        built = make_modes(mode_engine, config.model_copy(update={"modes": bases}))
+        # "large" and "large#bfloat16" (the run's own formats) are one mode under two names: one function.
+        modes |= {name: built[split_format(name)[0]] for name in names if split_format(name)[0] in built}
     return modes
 
 

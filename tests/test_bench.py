@@ -7,8 +7,10 @@ import re
 from dataclasses import asdict
 
 import pytest
+import torch
 from helpers import chat_engine
 
+from relaygen_integrations import RelayEngine
 from relaygen_integrations.bench import (
     BenchConfig,
     Run,
@@ -401,3 +403,35 @@ def test_resume_refuses_a_run_measured_on_another_cpu(tmp_path):
                                                        "runs": runs}))  # fmt: skip
     with pytest.raises(ValueError, match="measured on Another CPU"):
         load_completed_runs(config)
+
+
+def test_a_mode_may_run_in_other_weight_formats_in_the_same_run(tmp_path, tokenizer):
+    from helpers import tiny_qwen2
+
+    for role, seed in (("large", 1), ("small", 2)):
+        tiny_qwen2(tokenizer, seed=seed).to(torch.bfloat16).save_pretrained(tmp_path / role)
+        tokenizer.save_pretrained(tmp_path / role)
+    pair = {"large": str(tmp_path / "large"), "small": str(tmp_path / "small"), "cues": "generic"}
+    modes = ["large", "large#bfloat16", "large#int8", "large-spec#bf16/int8", "relay+verify@greedy#int8"]
+    config = BenchConfig(n=1, modes=modes, max_new_tokens=6, out=tmp_path / "out", dtype="bf16", **pair)
+    engine = RelayEngine.from_pretrained(pair["large"], pair["small"], cues="generic", dtype="bf16")
+    loaded: list[str] = []
+    original = RelayEngine.from_pretrained.__func__  # type: ignore[attr-defined]
+
+    def spy(cls, *args, **kwargs):
+        loaded.append(kwargs["dtype"])
+        return original(cls, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RelayEngine, "from_pretrained", classmethod(spy))
+        report = run_benchmark(config, engine=engine)
+    # One load per distinct combination; "bfloat16" is the run's own bf16 and reuses its engine.
+    assert loaded == ["int8", "bf16/int8"]
+    assert {r["mode"] for r in report["runs"]} == set(modes)
+    assert set(report["summary"]) == set(modes) and is_relay_mode("relay+verify@greedy#int8")
+    runs = {r["mode"]: r for r in report["runs"]}
+    assert runs["large#bfloat16"]["text"] == runs["large"]["text"]  # the same weights
+    assert runs["large-spec#bf16/int8"]["text"] == runs["large"]["text"]  # an int8 drafter: the large model's text
+    assert runs["large-spec#bf16/int8"]["draft_tokens"] > 0
+    with pytest.raises(ValueError, match="benchmark mode 'large#int4'.*the large model's dtype"):
+        run_benchmark(config.model_copy(update={"modes": ["large", "large#int4"]}), engine=engine)
