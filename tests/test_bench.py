@@ -433,5 +433,5 @@ def test_a_mode_may_run_in_other_weight_formats_in_the_same_run(tmp_path, tokeni
     assert runs["large#bfloat16"]["text"] == runs["large"]["text"]  # the same weights
     assert runs["large-spec#bf16/int8"]["text"] == runs["large"]["text"]  # an int8 drafter: the large model's text
     assert runs["large-spec#bf16/int8"]["draft_tokens"] > 0
-    with pytest.raises(ValueError, match="benchmark mode 'large#int4'.*the large model's dtype"):
+    with pytest.raises(ValueError, match=r"benchmark mode 'large#int4'.*the large model's dtype"):
         run_benchmark(config.model_copy(update={"modes": ["large", "large#int4"]}), engine=engine)

@@ -110,7 +110,8 @@ def test_the_calibrate_command_runs_verified_calibration_and_refuses_missing_cos
                             for i in range(2)))  # fmt: skip
     costs, pass_cost = write_costs(tmp_path, "fp32")
     base = ["calibrate", "--large", str(tmp_path / "large"), "--small", str(tmp_path / "small"), "--data", str(data),
-            "--n", "2", "--max-new-tokens", "12", "--dtype", "fp32", "--out", str(tmp_path / "new" / "p.json")]  # fmt: skip
+            "--n", "2", "--max-new-tokens", "12", "--dtype", "fp32",
+            "--out", str(tmp_path / "new" / "p.json")]  # fmt: skip
     with pytest.raises(SystemExit, match="--costs BENCH_DIR and --pass-cost"):
         main(base)
     with pytest.raises(SystemExit, match="no large-model row for 'fp32'"):
