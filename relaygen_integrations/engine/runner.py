@@ -124,8 +124,9 @@ class ModelRunner:
             self.last_logits = self.last_hidden = None
         self.stats.reused_tokens = keep
 
-    def logits_for(self, ids: list[int]) -> torch.Tensor:
-        """Next-token logits (1-D, float32) after ``ids``, forwarding only the tokens this runner has not seen."""
+    def logits_for(self, ids: list[int], kind: str = "decode") -> torch.Tensor:
+        """Next-token logits (1-D, float32) after ``ids``, forwarding only the tokens this runner has not seen.
+        ``kind``: what a one-token pass is for (``decode``: this model writes; ``draft``: it drafts)."""
         seen = len(self.cached_ids)
         if seen == len(ids) and self.last_logits is None and self.last_hidden is not None:
             # The last pass scored a draft over a reduced vocabulary: project its hidden state onto the whole one.
@@ -136,7 +137,7 @@ class ModelRunner:
             raise RuntimeError(f"{self.role} runner holds {seen} tokens but the sequence has only {len(ids)}")
         self._account(seen, len(ids))
         self.last_logits, self.last_hidden = (
-            forward_tokens(self, ids[seen:], kind=self._kind(seen, len(ids), "decode")),
+            forward_tokens(self, ids[seen:], kind=self._kind(seen, len(ids), kind)),
             None,
         )
         return self.last_logits
@@ -152,7 +153,7 @@ class ModelRunner:
         """:meth:`logits_for` for a draft's first token: over the draft head's subset when there is one."""
         seen = len(self.cached_ids)
         if self.draft_head is None or (seen == len(ids) and self.last_logits is not None):
-            return self.logits_for(ids)
+            return self.logits_for(ids, kind="draft")
         if seen == len(ids) and self.last_hidden is not None:
             return self.draft_head.logits(self.last_hidden)[0]
         if seen >= len(ids):
