@@ -109,7 +109,7 @@ def test_bad_engine_input_is_a_typed_error_naming_the_field(engine, call, error,
         engine.generate(messages, **call)
     assert isinstance(caught.value, GenerationError) and caught.value.field == field
     assert fed(engine) == 0, "no model work before the error"
-    assert engine.generate(PROMPT, max_new_tokens=60).text.startswith("We add two and three. So THE")
+    assert engine.generate(PROMPT, max_new_tokens=60).text == "We add two and three. So THE ANSWER IS FIVE."
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_prompt_ids_outside_the_vocabulary_are_refused_before_the_embedding_look
     with pytest.raises(PromptError, match=message) as caught:
         engine.generate_ids(ids, max_new_tokens=3)
     assert caught.value.field == field and fed(engine) == 0
-    assert engine.generate_ids(torch.tensor(engine.encode_messages(PROMPT)), max_new_tokens=3).usage.completion_tokens
+    assert engine.generate_ids(torch.tensor(engine.encode_messages(PROMPT)), max_new_tokens=3).text == "We add two"
 
 
 @pytest.mark.parametrize(

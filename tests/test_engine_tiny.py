@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import PROMPT, PassGate, cancel_while_held, tiny_qwen2
 
-from relaygen_integrations import CueSet, FinalEvent, RelayEngine, TextEvent
+from relaygen_integrations import CueSet, FinalEvent, RelayEngine, RelayResult, TextEvent
 from relaygen_integrations.engine import GenerationError
 from relaygen_integrations.engine.detokenize import IncrementalDetokenizer
 
@@ -136,24 +136,28 @@ def test_multibyte_character_split_across_a_switch(tokenizer, pair):
 async def test_async_matches_sync_and_never_blocks_the_loop(tokenizer, pair):
     engine = make_engine(tokenizer, pair)
     expected = engine.generate(MESSAGES, max_new_tokens=30)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.001)
-            ticks += 1
-
-    task = asyncio.create_task(ticker())
     pieces = []
-    async for event in engine.astream(MESSAGES, max_new_tokens=30):
-        if isinstance(event, TextEvent):
-            pieces.append(event.text)
-        elif isinstance(event, FinalEvent):
-            final = event.result
-    task.cancel()
+
+    async def consume() -> RelayResult:
+        async for event in engine.astream(MESSAGES, max_new_tokens=30):
+            if isinstance(event, TextEvent):
+                pieces.append(event.text)
+            elif isinstance(event, FinalEvent):
+                final = event.result
+        return final
+
+    # The 3rd forward pass waits until this coroutine releases it: were the generation run on the event loop's
+    # thread, the loop could never get here, and the held pass would fail after the gate's 60 s.
+    gate = PassGate(*pair, hold_at=3, allowed=10**6)
+    task = asyncio.create_task(consume())
+    try:
+        await asyncio.to_thread(gate.wait_held)
+        assert not task.done()
+    finally:
+        gate.release()
+        gate.remove()
+    final = await task
     assert "".join(pieces) == final.text == expected.text
-    assert ticks > 5, "the event loop kept running while the engine generated"
     assert (await engine.agenerate(MESSAGES, max_new_tokens=30)).text == expected.text
 
 

@@ -75,45 +75,74 @@ SETTINGS: dict[str, tuple[list[Any], list[Any]]] = {
 }
 
 
-def pick(rng: random.Random, part: tuple[list[Any], list[Any]]) -> Any:
-    good, bad = part
-    return rng.choice(bad if bad and (not good or rng.random() < BAD) else good)
+class Parts:
+    """Picks each part of a case and records the names of those it picked from the bad values."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.bad: set[str] = set()
+
+    def pick(self, name: str, part: tuple[list[Any], list[Any]]) -> Any:
+        good, bad = part
+        if bad and (not good or self.rng.random() < BAD):
+            self.bad.add(name)
+            return self.rng.choice(bad)
+        return self.rng.choice(good)
 
 
-def message(rng: random.Random) -> dict[str, Any]:
-    role = pick(rng, ROLES)
-    entry: dict[str, Any] = {"role": role, "content": pick(rng, TEXTS)}
-    if role == "assistant" and rng.random() < 0.4:
-        entry["tool_calls"] = pick(rng, TOOL_CALLS)
+def message(parts: Parts, index: int) -> dict[str, Any]:
+    role = parts.pick(f"messages[{index}].role", ROLES)
+    entry: dict[str, Any] = {"role": role, "content": parts.pick(f"messages[{index}].content", TEXTS)}
+    if role == "assistant" and parts.rng.random() < 0.4:
+        entry["tool_calls"] = parts.pick(f"messages[{index}].tool_calls", TOOL_CALLS)
     return entry
 
 
-def settings(rng: random.Random) -> dict[str, Any]:
+def settings(parts: Parts) -> dict[str, Any]:
+    rng = parts.rng
     chosen = {"max_new_tokens": rng.choice([1, 3, 12])}  # few tokens: the fuzz stays fast
     for key in rng.sample(sorted(SETTINGS), rng.randint(0, 3)):
         if SETTINGS[key][0] or rng.random() < BAD:
-            chosen[key] = pick(rng, SETTINGS[key])
+            chosen[key] = parts.pick(f"settings.{key}", SETTINGS[key])
     return chosen
 
 
+# The parts each entry point reads (a bad part it never reads is no error).
+READS = {
+    "ids": ("ids", "settings."),
+    "chat": ("messages", "tools", "tool_choice", "chat_template_kwargs", "response_format", "settings."),
+    **dict.fromkeys(
+        ("generate", "stream", "agenerate"),
+        ("messages", "tools", "chat_template_kwargs", "assistant_prefix", "settings."),
+    ),
+}
+
+
 def case(rng: random.Random, with_ids: bool) -> dict[str, Any]:
+    parts = Parts(rng)
     entry = rng.choice(["generate", "stream", "chat", "agenerate", *(["ids"] if with_ids else [])])
-    tools = pick(rng, TOOLS)
+    tools = parts.pick("tools", TOOLS)
     forcing = ["required", "any", "get_weather", True] if isinstance(tools, list) and WEATHER in tools else []
-    messages: Any = [message(rng) for _ in range(rng.choice([1, 1, 2, 3]))]
+    messages: Any = [message(parts, index) for index in range(rng.choice([1, 1, 2, 3]))]
     if rng.random() < BAD:
         messages = rng.choice([[], "hi", {"role": "user"}, [5]])
-    return {
+        parts.bad.add("messages")
+    tool_choice = parts.pick("tool_choice", (TOOL_CHOICES[0] + forcing, TOOL_CHOICES[1]))
+    if tool_choice in forcing:  # "required" is bad only without the tool it would force
+        parts.bad.discard("tool_choice")
+    c = {
         "entry": entry,
         "messages": messages,
         "tools": tools,
-        "tool_choice": pick(rng, (TOOL_CHOICES[0] + forcing, TOOL_CHOICES[1])),
-        "chat_template_kwargs": pick(rng, TEMPLATE_KWARGS),
-        "assistant_prefix": pick(rng, PREFIXES),
-        "response_format": pick(rng, RESPONSE_FORMATS),
-        "ids": pick(rng, IDS),
-        "settings": settings(rng),
+        "tool_choice": tool_choice,
+        "chat_template_kwargs": parts.pick("chat_template_kwargs", TEMPLATE_KWARGS),
+        "assistant_prefix": parts.pick("assistant_prefix", PREFIXES),
+        "response_format": parts.pick("response_format", RESPONSE_FORMATS),
+        "ids": parts.pick("ids", IDS),
+        "settings": settings(parts),
     }
+    c["bad"] = sorted(name for name in parts.bad if name.startswith(READS[entry]))
+    return c
 
 
 def check_result(result: RelayResult, max_new_tokens: int) -> None:
@@ -180,6 +209,8 @@ def run(engine: RelayEngine, c: dict[str, Any]) -> RelayResult:
 
 
 def fuzz(engine: RelayEngine, forward_count: Callable[[], int], with_ids: bool, seed: int) -> dict[str, int]:
+    """Runs the cases: one with a bad part it reads must raise a typed error before any model work, one without
+    must give a sound result."""
     rng = random.Random(seed)
     outcomes = {"typed error": 0, "result": 0, "switched": 0}
     for index in range(CASES_PER_PAIR):
@@ -188,11 +219,13 @@ def fuzz(engine: RelayEngine, forward_count: Callable[[], int], with_ids: bool, 
         try:
             result = run(engine, c)
         except GenerationError as exc:
+            assert c["bad"], f"case {index} (seed {seed}) has no bad part but raised {exc!r}: {c}"
             assert forward_count() == before, f"case {index}: {exc!r} came after model work: {c}"
             outcomes["typed error"] += 1
             continue
         except Exception:
             pytest.fail(f"case {index} (seed {seed}) raised an untyped error: {c}\n{traceback.format_exc()}")
+        assert not c["bad"], f"case {index} (seed {seed}): bad {c['bad']} accepted without an error: {c}"
         check_result(result, c["settings"]["max_new_tokens"])
         if c["entry"] in ("generate", "stream", "agenerate"):
             check_turns(engine, c)

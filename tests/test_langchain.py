@@ -223,7 +223,7 @@ def test_construction_is_lazy_and_engines_are_shared(monkeypatch, tokenizer):
     first = RelayChatModel(large="org/big-model", small="org/small-model", temperature=0.0)
     second = RelayChatModel(large="org/big-model", small="org/small-model", max_tokens=32)
     assert loads == []  # constructing never loads weights
-    assert first.invoke("x").content and second.invoke("x").content
+    assert first.invoke("x").content == second.invoke("x").content == RELAYED  # 16 tokens: within both budgets
     assert first.engine is second.engine and loads == [("org/big-model", "org/small-model")]
     RelayChatModel(large="org/other", small="org/small-model").invoke("x")
     assert len(loads) == 2

@@ -89,8 +89,10 @@ def test_create_agent_calls_the_tool_and_answers_with_its_result():
     final = messages[-1]
     assert isinstance(final, AIMessage) and not final.tool_calls
     assert "7006652" in digits(final.text), final.text
-    # The answer came from the relay: its metadata carries the spans of the two models.
-    assert final.response_metadata["relaygen"]["spans"]
+    # The answer came from the relay: its metadata carries the spans that make up its text, token for token.
+    relay = final.response_metadata["relaygen"]
+    assert "".join(span["text"] for span in relay["spans"]).strip() == final.text.strip()
+    assert sum(span["token_count"] for span in relay["spans"]) == relay["large_tokens"] + relay["small_tokens"] > 0
 
 
 # -- (b) an LCEL RAG chain over a real local embedding ----------------------------------------------------------------

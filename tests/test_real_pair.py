@@ -60,7 +60,12 @@ def test_large_mode_matches_generate_on_the_real_model(engine, questions):
     large = engine.backend.runners["large"].model
     reference = large.generate(torch.tensor([prompt_ids]), max_new_tokens=24, do_sample=False)[0, len(prompt_ids) :]
     result = engine.generate_ids(prompt_ids, max_new_tokens=24, mode="large")
-    assert result.completion_ids == reference.tolist()[: len(result.completion_ids)]
+    # The same tokens and as many: all 24, or up to the end-of-sequence token generate() ends with (which is not part
+    # of a completion).
+    expected = reference.tolist()
+    ended = next((i for i, token in enumerate(expected) if token in engine.eos_ids), None)
+    assert result.completion_ids == (expected if ended is None else expected[:ended])
+    assert result.finish_reason == ("length" if ended is None else "stop")
 
 
 def test_tokenizers_of_the_pair_agree(engine):

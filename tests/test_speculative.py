@@ -91,6 +91,7 @@ def test_greedy_speculation_is_token_identical_on_a_real_pair(tokenizer, pair, m
     assert spec.usage.speculative_rounds > 0 and spec.usage.draft_tokens > 0
     # Where the time went: the small model's passes are drafts (and, under relay, its own segments); the small
     # model's share comes from its own segments only without speculation.
+    # Parts within the whole, on one clock (perf_counter, passes timed inside the request): no bound, cannot flake.
     assert 0 < spec.usage.large_forward_seconds + spec.usage.small_forward_seconds <= spec.elapsed
     assert spec.usage.small_forward_seconds > 0
     assert (plain.usage.small_forward_seconds > 0) == (plain.usage.small_tokens > 0)
