@@ -292,10 +292,11 @@ def load_completed_runs(config: BenchConfig) -> tuple[list[Run], list[str]]:
         raise ValueError(f"cannot resume {path}: its settings differ in {changed}")
     # Seconds are only comparable on one machine: a run resumed on another CPU (sessions change CPUs) would mix
     # them silently. Start a new --out there instead.
-    here = machine_info(config)
-    differs = sorted(k for k in ("cpu", "cpu_flags", "isa_limits", "dtype") if saved["machine"].get(k) != here[k])
-    if differs and "cpu" in saved["machine"]:
-        raise ValueError(f"cannot resume {path} on this machine: it was measured on {saved['machine']['cpu']} and its "
+    here, there = machine_info(config), saved.get("machine", {})
+    # Only what the saved run recorded (older runs lack flags and caps; a remote run has no dtype).
+    differs = sorted(k for k in ("cpu", "cpu_flags", "isa_limits", "dtype") if k in there and there[k] != here.get(k))
+    if differs:
+        raise ValueError(f"cannot resume {path} on this machine: it was measured on {there.get('cpu')} and its "
                          f"{differs} differ here ({here['cpu']}); run into a new --out")  # fmt: skip
     runs = [Run(**run) for run in saved["runs"]]
     return [r for r in runs if r.problem < config.n], list(saved["config"]["modes"])
