@@ -15,14 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .settings import GenerationError
+from .settings import GenerationError, GenerationPlan
 from .spans import ModelRole
 from .transcript import BackendUsage, Fed, Transcript
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-    from .engine import GenerationPlan
 
 
 class BackendCapabilityError(GenerationError):
