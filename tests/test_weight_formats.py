@@ -9,6 +9,7 @@ from helpers import tiny_qwen2
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.engine.models import (
     PairWeights,
+    RowScaledInt8Linear,
     WeightFormat,
     pick_pair_weights,
     pick_weights,
@@ -128,7 +129,7 @@ def test_from_pretrained_int8_loads_and_quantizes_a_saved_pair(tokenizer, tmp_pa
         tokenizer.save_pretrained(tmp_path / role)
     engine = RelayEngine.from_pretrained(str(tmp_path / "large"), str(tmp_path / "small"), cues="generic", dtype="int8")
     for runner in engine.backend.runners.values():
-        assert type(runner.model.lm_head) is torch.ao.nn.quantized.dynamic.Linear
+        assert type(runner.model.lm_head) is RowScaledInt8Linear
         assert runner.model.model.embed_tokens.weight.dtype == torch.float32  # activations in fp32
     result = engine.generate([{"role": "user", "content": "Hello"}], max_new_tokens=8)
     assert result.usage.completion_tokens == 8
@@ -208,7 +209,7 @@ def test_from_pretrained_loads_each_model_in_its_own_format(tokenizer, tmp_path)
     )
     runners = engine.backend.runners
     assert runners["large"].model.lm_head.weight.dtype == torch.bfloat16
-    assert type(runners["small"].model.lm_head) is torch.ao.nn.quantized.dynamic.Linear
+    assert type(runners["small"].model.lm_head) is RowScaledInt8Linear
     result = engine.generate([{"role": "user", "content": "Hello"}], max_new_tokens=8, speculative=True)
     assert result.usage.completion_tokens == 8
 
@@ -226,3 +227,27 @@ def test_auto_takes_the_formats_and_speculation_a_known_pair_ships(monkeypatch):
     assert shipped_dtype("demo", torch.device("cpu"), "fp32") == "fp32"  # an explicit choice wins
     assert shipped_dtype(None, torch.device("cpu"), "auto") == "auto"  # bf16 for an unknown pair
     assert shipped_speculative("demo") is True and shipped_speculative(None) is False
+
+
+def test_int8_layers_scale_each_token_alone():
+    # fbgemm's dynamic int8 linear quantizes a whole pass with one scale: an outlier row (an attention sink) would
+    # coarsen every other row. The engine's int8 layers give each row its own scale, so a row's output is the same
+    # alone or in a pass, and as close to fp32 as alone.
+    from torch.ao.quantization import quantize_dynamic
+
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(256, 256)
+    plain = quantize_dynamic(torch.nn.Sequential(reference), {torch.nn.Linear}, dtype=torch.qint8)[0]
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256))
+    model[0].load_state_dict(reference.state_dict())
+    model.config = None  # quantize_linear_int8 only walks the modules
+    layer = quantize_linear_int8(model)[0]
+    assert isinstance(layer, RowScaledInt8Linear)
+    x = torch.randn(2, 256)
+    x[1] *= 50
+    with torch.inference_mode():
+        exact = reference(x[:1])
+        assert torch.allclose(layer(x)[:1], layer(x[:1]), atol=1e-4)
+        assert (layer(x)[:1] - exact).abs().max() < 0.05
+        assert (plain(x)[:1] - exact).abs().max() > 0.5  # what a shared scale does to the same row
+        assert torch.allclose(layer(x[:1]), plain(x[:1]), atol=1e-4)  # one row: the plain layer's numbers

@@ -79,6 +79,7 @@ class _Rows:
             self.weight, bias = head._weight_bias()  # the int8 layer's own unpacking, done once (weight() and
             # bias() each unpack anew)
         self.bias = None if bias is None else bias.detach()
+        self.layer_type = type(head)  # an int8 layer's class (per-token or per-pass activation scales)
         self.quantized = self.weight.is_quantized
         if self.quantized:
             quantized, self.ints = self.weight, self.weight.int_repr()
@@ -112,14 +113,12 @@ class _Rows:
                 if bias is not None:
                     layer.bias.copy_(bias)
             return layer.requires_grad_(False).eval()
-        from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
-
         ints = self.ints[rows].contiguous()
         if self.per_tensor:
             kept = torch._make_per_tensor_quantized_tensor(ints, self.scale, self.zero_point)
         else:
             kept = torch._make_per_channel_quantized_tensor(ints, self.scales[rows], self.zero_points[rows], 0)
-        layer = DynamicQuantizedLinear(ints.shape[1], len(rows), dtype=torch.qint8)
+        layer = self.layer_type(ints.shape[1], len(rows), dtype=torch.qint8)  # the full layer's own kind
         layer.set_weight_bias(kept, bias)
         return layer
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .spans import ModelRole
@@ -194,22 +195,53 @@ def shipped_dtype(pair_name: str | None, device: torch.device, dtype: PairDTypeS
     return chosen if isinstance(chosen, str) else "auto"
 
 
+class RowScaledInt8Linear(DynamicQuantizedLinear):
+    """An int8 dynamically quantized linear layer whose activations get one scale per row (token), not one per pass.
+
+    fbgemm's dynamic linear quantizes its whole input with a single scale: in a pass over several positions (prefill,
+    catch-up, a speculative or verified-relay check) one large activation - the first token's attention-sink rows
+    reach ~50x the others - widens every other row's quantization step, so a token's output depends on its neighbours
+    in the pass (measured on a random 256x256 layer: an outlier row made the other row's error 44x larger, 1.29 vs
+    0.029). Dividing each row by its own absolute maximum first, and multiplying the output rows back (the layer is
+    linear; the bias is taken out and put back), gives every row the step it would get alone: a k-position pass
+    computes what k one-token steps compute, up to float rounding, and a one-row step is unchanged. Cost: two
+    elementwise passes over the activations and the outputs."""
+
+    float_bias: torch.Tensor | None = None  # kept beside the packed copy: ``bias()`` unpacks the weight every call
+
+    def set_weight_bias(self, w: torch.Tensor, b: torch.Tensor | None) -> None:
+        super().set_weight_bias(w, b)
+        self.float_bias = None if b is None else b.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
+        y = super().forward(x / scale)
+        bias = self.float_bias
+        return y * scale if bias is None else (y - bias) * scale + bias
+
+
 def quantize_linear_int8(model: PreTrainedModel) -> PreTrainedModel:
-    """Replaces the model's ``nn.Linear`` layers (the output projection included) by int8 dynamically quantized ones,
-    in place, and makes the rest (embeddings, norms) fp32, the activations' dtype. A model loaded in bf16 is
-    quantized layer by layer, each layer upcast (exactly) to fp32 just before, so the whole model never exists in
-    fp32: the numbers are those of quantizing an fp32 load, at about half its peak memory. torch marks its eager
-    quantization API as deprecated in favour of torchao; it is the one with fast AVX2 kernels (fbgemm) in the torch
-    this package pins, so its warning is silenced here."""
+    """Replaces the model's ``nn.Linear`` layers (the output projection included) by int8 dynamically quantized ones
+    with per-token activation scales (``RowScaledInt8Linear``: a pass over several positions computes what one-token
+    steps compute), in place, and makes the rest (embeddings, norms) fp32, the activations' dtype. A model loaded
+    in bf16 is quantized layer by layer, each layer upcast (exactly) to fp32 just before, so the whole model never
+    exists in fp32: the numbers are those of quantizing an fp32 load, at about half its peak memory. torch marks its
+    eager quantization API as deprecated in favour of torchao; it is the one with fast AVX2 kernels (fbgemm) in the
+    torch this package pins, so its warning is silenced here."""
     from torch.ao.quantization import quantize_dynamic
 
     linear_layers = [name for name, module in model.named_modules() if type(module) is torch.nn.Linear]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for index, name in enumerate(linear_layers):
-            holder = torch.nn.Sequential(model.get_submodule(name).float())
+            layer = model.get_submodule(name).float()
+            bias = None if layer.bias is None else layer.bias.detach().clone()
+            holder = torch.nn.Sequential(layer)
             quantize_dynamic(holder, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
-            model.set_submodule(name, holder[0])
+            quantized = holder[0]
+            quantized.__class__ = RowScaledInt8Linear  # the same packed weights, per-token activation scales
+            quantized.float_bias = bias
+            model.set_submodule(name, quantized)
             if index % 16 == 15:
                 # A replaced fp32 layer lives on in a reference cycle of the quantization API until the collector
                 # runs: without this the fp32 copies pile up (13.2 GiB peak loading the demo pair, 7.8 with it).
