@@ -143,7 +143,9 @@ def test_calibrate_command_on_the_demo_pair(tmp_path):
     verified = profile["verified"]
     assert verified["rule"] == "prob:0.2" and profile["selected_cues"] == verified["selected_cues"]
     assert all(row["written"] >= row["kept"] for row in verified["table"])
-    assert sum(row["written"] for row in verified["table"]) > 0
+    # Every cue that occurred (at least once in one trace: the test's thresholds) was run; 48-token traces may hold
+    # none - the selection itself is tested on a scripted pair (tests/test_calibrate_verified.py).
+    assert all(row["written"] > 0 for row in verified["table"] if row["occurrences"])
     assert out.with_name("demo-verified.png").exists()
     # A second run reuses the saved traces (no large-model generation) and selects the same cues.
     assert main(args) == 0 and json.loads(out.read_text())["selected_cues"] == profile["selected_cues"]
