@@ -329,14 +329,18 @@ def rerender(out: Path) -> dict[str, Any]:
 def resolved_dtype(dtype: str, large: str = "", small: str = "") -> str:
     """What ran, one canonical name per combination (``bf16``, ``bf16/int8``): ``auto`` is the known pair's shipped
     formats for the device (else bf16), ``fast`` int8 on a CPU; the spec given follows in parentheses."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = pick_pair_weights(shipped_dtype(known_pair(large, small), device, dtype), device).name
+    resolved = _canonical_weights(dtype, large, small)
     return resolved if resolved == dtype else f"{resolved} ({dtype})"
 
 
 def weights_name(dtype: str, config: BenchConfig) -> str:
     """The canonical per-model formats ``dtype`` loads for the run's pair on this device (``bf16/int8``)."""
-    return resolved_dtype(dtype, config.large, config.small).split(" ", 1)[0]
+    return _canonical_weights(dtype, config.large, config.small)
+
+
+def _canonical_weights(dtype: str, large: str, small: str) -> str:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return pick_pair_weights(shipped_dtype(known_pair(large, small), device, dtype), device).name
 
 
 def machine_info(config: BenchConfig) -> dict[str, Any]:

@@ -198,12 +198,7 @@ def build_draft_head(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
 def shipped_draft_vocab(pair_name: str | None) -> int | None:
     """The draft vocabulary size a known pair's shipped profile names under ``"draft_vocab"`` (chosen from a
     benchmark run: ``docs/benchmarks.md``), or None (the whole vocabulary)."""
-    import json
+    from .cues import profile_entry
 
-    from .cues import shipped_profile
-
-    profile = shipped_profile(pair_name)
-    if profile is None:
-        return None
-    spec = json.loads(profile.read_text(encoding="utf-8")).get("draft_vocab")
+    spec = profile_entry(pair_name, "draft_vocab")
     return int(spec["size"]) if isinstance(spec, dict) else spec

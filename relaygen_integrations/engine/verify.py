@@ -137,12 +137,9 @@ def parse_verify_default(value: object) -> VerifyRule | None:
 def shipped_verify_rule(pair_name: str | None) -> VerifyRule | None:
     """The rule a known pair's shipped profile names under ``"verify"`` (chosen for that pair from a benchmark
     sweep: ``docs/benchmarks.md``), or None."""
-    import json
+    from .cues import profile_entry
 
-    from .cues import shipped_profile
-
-    profile = shipped_profile(pair_name)
-    if profile is None:
+    spec = profile_entry(pair_name, "verify")
+    if spec is None:
         return None
-    spec = json.loads(profile.read_text(encoding="utf-8")).get("verify")
     return parse_verify_default(spec["rule"] if isinstance(spec, dict) else spec)
