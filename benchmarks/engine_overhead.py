@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relaygen_integrations import RelayEngine
-from relaygen_integrations.engine.runner import ModelRunner, forward_tokens
+from relaygen_integrations.engine.local.runner import ModelRunner, forward_tokens
 from relaygen_integrations.prompts import load_gsm8k, math_messages
 
 console = Console()

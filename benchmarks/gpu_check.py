@@ -38,7 +38,7 @@ def random_model(role: str, tiny: bool, device: torch.device, dtype: torch.dtype
 def demo_pair(device: torch.device, dtype: torch.dtype) -> dict[str, torch.nn.Module] | None:
     """The demo pair's converted weights if they are on this machine (never fetched here: a device machine may have
     no network)."""
-    from relaygen_integrations.engine.models import load_causal_lm
+    from relaygen_integrations.engine.local.loading import load_causal_lm
     from relaygen_integrations.registry import pair_paths
 
     paths = pair_paths("demo", "bf16")
@@ -62,9 +62,9 @@ def timed(device: torch.device, fn: Callable[[], object]) -> float:
 
 def decode_ms(model: torch.nn.Module, device: torch.device, steps: int, variant: str) -> float:
     """Median ms per one-token step after a 256-token prefill, for ``eager`` / ``static`` / ``compiled``. The static
-    variants use the engine's own block-rounded cache size and compiled step (``engine/kv.py``), so the engine runs
+    variants use the engine's own block-rounded cache size and compiled step (``engine/local/kv.py``), so the engine runs
     below find the compiled graph in inductor's cache instead of compiling it again."""
-    from relaygen_integrations.engine.kv import DEFAULT_BLOCK, capacity, compile_decode_step
+    from relaygen_integrations.engine.local.kv import DEFAULT_BLOCK, capacity, compile_decode_step
 
     prompt = torch.randint(1000, 20000, (1, 256), device=device)
     if variant == "eager":
@@ -145,7 +145,7 @@ def engine_speeds(models: dict[str, torch.nn.Module], compile: bool, max_new_tok
     a 32k draft vocabulary), with the eager DynamicCache runner, the static-cache runner and (``compile``) the
     static-cache runner with compiled one-token steps."""
     from relaygen_integrations import RelayEngine
-    from relaygen_integrations.engine.models import load_tokenizer
+    from relaygen_integrations.engine.core.pairs import load_tokenizer
     from relaygen_integrations.prompts import load_gsm8k, math_messages
     from relaygen_integrations.registry import pair_paths
 

@@ -23,14 +23,10 @@ from rich.table import Table
 from transformers import DynamicCache
 from transformers.utils import logging as hf_logging
 
-from relaygen_integrations.engine.cpu import cpu_model_and_flags, isa_limits
-from relaygen_integrations.engine.models import (
-    load_causal_lm,
-    pick_device,
-    pick_weights,
-    quantize_linear_int8,
-    resolve_reference,
-)
+from relaygen_integrations.engine.core.pairs import resolve_reference
+from relaygen_integrations.engine.local.cpu import cpu_model_and_flags, isa_limits
+from relaygen_integrations.engine.local.loading import load_causal_lm, pick_device
+from relaygen_integrations.engine.local.weights import pick_weights, quantize_linear_int8
 
 POSITIONS = (1, 2, 4, 8, 16, 32)
 

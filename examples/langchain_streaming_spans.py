@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.text import Text
 from transformers.utils import logging as hf_logging
 
+from relaygen_integrations.cli.render import MODEL_STYLES, legend
 from relaygen_integrations.langchain import SWITCH_EVENT, RelayChatModel
 from relaygen_integrations.prompts import MATH_SYSTEM_PROMPT
-from relaygen_integrations.render import MODEL_STYLES, legend
 
 QUESTION = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

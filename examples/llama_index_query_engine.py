@@ -23,8 +23,8 @@ from local_embeddings import MiniLMEmbedding
 from rich.console import Console
 from rich.text import Text
 
+from relaygen_integrations.cli.render import MODEL_STYLES, legend
 from relaygen_integrations.llama_index import RelayLLM, RelaySwitchEvent
-from relaygen_integrations.render import MODEL_STYLES, legend
 
 DOCUMENTS = [
     "The Quillmere lighthouse is kept by Captain Ottoline Brask, who has tended its lamp since the great storm.",

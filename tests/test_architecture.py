@@ -8,7 +8,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "relaygen_integrations"
 NAME = PACKAGE.name
 MAX_LINES = 500
-ABOVE_THE_ENGINE = ("chat", "langchain", "llama_index", "serve", "serve_http", "serve_single", "bench", "cli")
+ABOVE_THE_ENGINE = ("chat", "langchain", "llama_index", "serve", "bench", "calibrate", "cli")
+CORE, LOCAL, REMOTE = f"{NAME}.engine.core", f"{NAME}.engine.local", f"{NAME}.engine.remote"
 
 
 def module_name(path: Path) -> str:
@@ -36,8 +37,9 @@ def _is_type_checking(node: ast.If) -> bool:
     return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
 
 
-def imports(path: Path, top_level_only: bool) -> set[str]:
-    """Modules of this package that ``path`` imports (at import time only, or anywhere incl. inside functions)."""
+def imports(path: Path, top_level_only: bool, type_checking: bool = False) -> set[str]:
+    """Modules of this package that ``path`` imports (at import time only, or anywhere incl. inside functions;
+    ``type_checking``: the annotation-only imports under ``if TYPE_CHECKING:`` too)."""
     module = module_name(path)
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found: set[str] = set()
@@ -49,7 +51,8 @@ def imports(path: Path, top_level_only: bool) -> set[str]:
             elif isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names if alias.name.startswith(NAME))
             elif isinstance(node, ast.If) and _is_type_checking(node):
-                continue  # annotations only: never imported at run time
+                if type_checking:  # annotations only: never imported at run time, but still a dependency
+                    visit(node.body)
             elif isinstance(node, (ast.If, ast.Try, ast.With)):
                 visit(node.body)
                 visit(getattr(node, "orelse", []))
@@ -63,15 +66,21 @@ def imports(path: Path, top_level_only: bool) -> set[str]:
     return found
 
 
-def graph(top_level_only: bool) -> dict[str, set[str]]:
+def graph(top_level_only: bool, type_checking: bool = False) -> dict[str, set[str]]:
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     return {
-        name: {m for m in imports(path, top_level_only) if m in modules and m != name} for name, path in modules.items()
+        name: {m for m in imports(path, top_level_only, type_checking) if m in modules and m != name}
+        for name, path in modules.items()
     }
 
 
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def test_no_import_cycle() -> None:
-    edges = graph(top_level_only=False)  # a lazy import inside a function still ties the two modules together
+    # A lazy import inside a function, or one under TYPE_CHECKING, still ties the two modules together.
+    edges = graph(top_level_only=False, type_checking=True)
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -109,3 +118,36 @@ def test_no_module_is_over_the_size_limit() -> None:
         str(p.relative_to(PACKAGE)): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")
     }
     assert {f: n for f, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def test_the_core_imports_neither_backend() -> None:
+    """``engine/core`` is what every backend shares; a backend is a folder that plugs into it, never the reverse."""
+    for name, targets in graph(top_level_only=False, type_checking=True).items():
+        if _within(name, CORE):
+            bad = sorted(t for t in targets if _within(t, LOCAL) or _within(t, REMOTE) or t == f"{NAME}.engine.engine")
+            assert not bad, f"{name} imports {bad}: the core must not know any backend or the front"
+
+
+def test_the_backends_do_not_import_each_other() -> None:
+    for name, targets in graph(top_level_only=False, type_checking=True).items():
+        for own, other in ((LOCAL, REMOTE), (REMOTE, LOCAL)):
+            if _within(name, own):
+                bad = sorted(t for t in targets if _within(t, other) or t == f"{NAME}.engine.engine")
+                assert not bad, f"{name} imports {bad}: a backend depends on the core only"
+
+
+def test_folders_not_prefixes() -> None:
+    """A family of modules is a package (``cli/``, ``bench/``, ``serve/``), not a file-name prefix."""
+    flat = sorted(p.name for p in PACKAGE.glob("*.py") if p.name.startswith(("cli_", "bench_", "serve_")))
+    assert flat == []
+    assert sorted(p.name for p in (PACKAGE / "engine").glob("*.py")) == ["__init__.py", "engine.py"]
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    """A name a module keeps private (``_name``) is not another module's interface."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(NAME)):
+                found += [f"{path.relative_to(PACKAGE)}: {a.name}" for a in node.names if a.name.startswith("_")]
+    assert found == []

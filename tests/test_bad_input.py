@@ -12,7 +12,7 @@ from helpers import PROMPT, ScriptedLM, chat_engine
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.chat.relay_chat import prepare_chat
-from relaygen_integrations.cli import main
+from relaygen_integrations.cli.main import main
 from relaygen_integrations.engine import (
     GenerationError,
     MessageError,
@@ -21,7 +21,7 @@ from relaygen_integrations.engine import (
     ToolSchemaError,
     merge_settings,
 )
-from relaygen_integrations.engine.models import DeviceError, pick_device
+from relaygen_integrations.engine.local.loading import DeviceError, pick_device
 
 REPLY = "We add two and three. So the answer is five."
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}

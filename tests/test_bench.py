@@ -11,7 +11,7 @@ import torch
 from helpers import chat_engine
 
 from relaygen_integrations import RelayEngine
-from relaygen_integrations.bench import (
+from relaygen_integrations.bench.run import (
     BenchConfig,
     Run,
     answers_match,
@@ -25,8 +25,8 @@ from relaygen_integrations.bench import (
     run_benchmark,
     summarize,
 )
-from relaygen_integrations.bench_summary import paired_accuracy_gain, pareto_front
-from relaygen_integrations.cli import main
+from relaygen_integrations.bench.summary import paired_accuracy_gain, pareto_front
+from relaygen_integrations.cli.main import main
 
 
 @pytest.mark.parametrize(

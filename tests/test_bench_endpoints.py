@@ -10,8 +10,8 @@ from fixture_tokenizer import fixture_tokenizer_dir
 from helpers import tiny_qwen2
 from test_remote import ServerThread
 
-from relaygen_integrations.bench import BenchConfig, run_benchmark
-from relaygen_integrations.serve_single import create_single_app
+from relaygen_integrations.bench.run import BenchConfig, run_benchmark
+from relaygen_integrations.serve.single import create_single_app
 
 
 @pytest.fixture(scope="module")

@@ -9,18 +9,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from relaygen_integrations.engine import resolve_cues
-from relaygen_integrations.engine.calibrate import (
+from relaygen_integrations.calibrate.margins import (
     Trace,
     calibrate,
     cue_occurrences,
     plot_margins,
     sentence_end,
-    token_margins,
     trace_candidates,
     write_profile,
 )
-from relaygen_integrations.engine.cues import load_profile
+from relaygen_integrations.engine import resolve_cues
+from relaygen_integrations.engine.core.cues import load_profile
+from relaygen_integrations.engine.local.backend import token_margins
 
 
 class FixedLogits(torch.nn.Module):
@@ -117,7 +117,7 @@ def test_profile_round_trip(tmp_path, tokenizer):
 def test_calibrate_command_on_the_demo_pair(tmp_path):
     from pathlib import Path
 
-    from relaygen_integrations.cli import main
+    from relaygen_integrations.cli.main import main
 
     shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train_calib.jsonl"
     data = (
@@ -135,7 +135,7 @@ def test_calibrate_command_on_the_demo_pair(tmp_path):
     profile = json.loads(out.read_text())
     assert profile["settings"]["n"] == 2 and profile["total_tokens"] > 0
     assert 0.0 < profile["overall_mean_margin"] < 1.0
-    from relaygen_integrations.engine.cues import PAPER_CANDIDATES
+    from relaygen_integrations.engine.core.cues import PAPER_CANDIDATES
 
     assert {row["cue"] for row in profile["table"]} >= set(PAPER_CANDIDATES)
     assert len(traces.read_text().splitlines()) == 2 and out.with_suffix(".png").exists()

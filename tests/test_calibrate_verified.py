@@ -6,15 +6,15 @@ import pytest
 from helpers import PROMPT, ScriptedLM
 
 from relaygen_integrations import RelayEngine
-from relaygen_integrations.engine.calibrate import Trace, calibrate, token_char_ends
-from relaygen_integrations.engine.calibrate_verified import (
+from relaygen_integrations.calibrate.margins import Trace, calibrate, token_char_ends
+from relaygen_integrations.calibrate.verified import (
     PairCosts,
     SentenceTrial,
     cue_token_positions,
     run_trials,
     verified_calibrate,
 )
-from relaygen_integrations.engine.verify import VerifyRule
+from relaygen_integrations.engine.core.verify import VerifyRule
 
 # After "So" the small model writes what the large model would (kept); after "Hence" it writes another sentence of
 # the same length ("answer is 7" for "result is 9"), which the large model rejects at its second token.
@@ -100,7 +100,7 @@ def test_the_calibrate_command_runs_verified_calibration_and_refuses_missing_cos
     from helpers import tiny_qwen2
     from test_calibrate import write_costs
 
-    from relaygen_integrations.cli import main
+    from relaygen_integrations.cli.main import main
 
     for role, seed in (("large", 1), ("small", 2)):
         tiny_qwen2(tokenizer, seed=seed).save_pretrained(tmp_path / role)
@@ -131,7 +131,7 @@ def _mkdir(path):
 
 
 def test_costs_come_from_the_baseline_mode_or_a_relay_mode_time_split():
-    from relaygen_integrations.engine.calibrate_verified import costs_from_runs
+    from relaygen_integrations.calibrate.verified import costs_from_runs
 
     pass_cost = {"seconds": {"large": {"int8": {"1": 0.1, "8": 0.15}}}}
     summary = {

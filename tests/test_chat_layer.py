@@ -13,7 +13,7 @@ from relaygen_integrations.chat.tool_calls import (
     parse_tool_calls,
     validate_tools,
 )
-from relaygen_integrations.engine.prompt import MessageError, render_prompt_ids, render_prompt_text
+from relaygen_integrations.engine.core.prompt import MessageError, render_prompt_ids, render_prompt_text
 
 WEATHER = {
     "type": "function",
@@ -133,7 +133,7 @@ def _scripted(tokenizer, reference: str, prefix: str = ""):
 @pytest.mark.parametrize("prefix_choice", [None, "any", "get_weather"])
 def test_stream_chat_yields_tool_calls_with_stable_ids(tokenizer, prefix_choice):
     from relaygen_integrations.chat.relay_chat import prepare_chat, stream_chat
-    from relaygen_integrations.engine.settings import merge_settings
+    from relaygen_integrations.engine.core.settings import merge_settings
 
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     request = prepare_chat(

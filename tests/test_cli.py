@@ -8,7 +8,7 @@ import pytest
 from helpers import chat_engine
 
 from relaygen_integrations import RelayEngine
-from relaygen_integrations.cli import main
+from relaygen_integrations.cli.main import main
 
 REPLY = "We add two and three. So the answer is five. Then we are done."
 

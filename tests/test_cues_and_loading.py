@@ -8,8 +8,9 @@ import json
 import pytest
 
 from relaygen_integrations.engine import CueConfigError, TokenizerMismatchError, resolve_cues
-from relaygen_integrations.engine.cues import GENERIC_CUES, QWEN3_CUES, R1_CUES, cue_core, has_left_boundary
-from relaygen_integrations.engine.models import check_tokenizers_match, pick_dtype
+from relaygen_integrations.engine.core.cues import GENERIC_CUES, QWEN3_CUES, R1_CUES, cue_core, has_left_boundary
+from relaygen_integrations.engine.core.pairs import check_tokenizers_match
+from relaygen_integrations.engine.local.weights import pick_dtype
 
 
 def test_presets_resolve():

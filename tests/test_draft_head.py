@@ -12,10 +12,10 @@ from helpers import tiny_qwen2
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.engine import GenerationError
-from relaygen_integrations.engine.draft_head import DraftHead, draft_vocab_ids
-from relaygen_integrations.engine.models import quantize_linear_int8
-from relaygen_integrations.engine.sampling import Sampler, SamplingParams
-from relaygen_integrations.engine.speculative import accept
+from relaygen_integrations.engine.local.draft_head import DraftHead, draft_vocab_ids
+from relaygen_integrations.engine.local.sampling import Sampler, SamplingParams
+from relaygen_integrations.engine.local.speculative import accept
+from relaygen_integrations.engine.local.weights import quantize_linear_int8
 
 MESSAGES = [{"role": "user", "content": "Count the apples: two and three. So how many?"}]
 # Random weights write ids from the whole vocabulary; 60k of 152k keeps many of them and rejects the rest.
@@ -202,8 +202,8 @@ def test_a_static_cache_drafts_over_a_subset_exactly_too(tokenizer, pair, cues):
 def test_the_demo_pair_ships_the_draft_vocabulary_its_benchmark_chose():
     import json
 
-    from relaygen_integrations.engine.cues import shipped_profile
-    from relaygen_integrations.engine.draft_head import shipped_draft_vocab
+    from relaygen_integrations.engine.core.cues import shipped_profile
+    from relaygen_integrations.engine.local.draft_head import shipped_draft_vocab
 
     profile = json.loads(shipped_profile("demo").read_text(encoding="utf-8"))
     assert shipped_draft_vocab("demo") == profile["draft_vocab"]["size"] > 0

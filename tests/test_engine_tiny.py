@@ -11,7 +11,7 @@ from helpers import PROMPT, PassGate, cancel_while_held, tiny_qwen2
 
 from relaygen_integrations import CueSet, FinalEvent, RelayEngine, RelayResult, TextEvent
 from relaygen_integrations.engine import GenerationError
-from relaygen_integrations.engine.detokenize import IncrementalDetokenizer
+from relaygen_integrations.engine.core.detokenize import IncrementalDetokenizer
 
 MESSAGES = [{"role": "user", "content": "Count the apples: two and three. So how many?"}]
 
@@ -103,10 +103,11 @@ def test_multibyte_character_split_across_a_switch(tokenizer, pair):
     """A character whose bytes come from two models lands whole in one span; text stays decode(ids)."""
     emoji_ids = tokenizer.encode("🦩", add_special_tokens=False)
     assert len(emoji_ids) >= 2
-    from relaygen_integrations.engine.generate import LocalSession, drive
-    from relaygen_integrations.engine.policy import PolicyConfig, RelayPolicy
-    from relaygen_integrations.engine.runner import ModelRunner
-    from relaygen_integrations.engine.transcript import Transcript
+    from relaygen_integrations.engine.core.loop import drive
+    from relaygen_integrations.engine.core.policy import PolicyConfig, RelayPolicy
+    from relaygen_integrations.engine.core.transcript import Transcript
+    from relaygen_integrations.engine.local.runner import ModelRunner
+    from relaygen_integrations.engine.local.session import LocalSession
 
     script = (
         tokenizer.encode("Ok. So", add_special_tokens=False)

@@ -219,7 +219,7 @@ def test_construction_is_lazy_and_engines_are_shared(monkeypatch, tokenizer):
         return chat_engine(tokenizer, REPLY)
 
     monkeypatch.setattr(RelayEngine, "from_pretrained", classmethod(fake_from_pretrained))
-    monkeypatch.setattr("relaygen_integrations.engine.engine._SHARED_ENGINES", {})
+    monkeypatch.setattr("relaygen_integrations.engine.local.loading._SHARED_PAIRS", {})
     first = RelayChatModel(large="org/big-model", small="org/small-model", temperature=0.0)
     second = RelayChatModel(large="org/big-model", small="org/small-model", max_tokens=32)
     assert loads == []  # constructing never loads weights

@@ -33,7 +33,7 @@ from transformers import PreTrainedTokenizerBase
 import relaygen_integrations.engine.engine as engine_module
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.chat.tool_calls import forced_prefix
-from relaygen_integrations.engine.prompt import render_prompt_ids, render_prompt_text
+from relaygen_integrations.engine.core.prompt import render_prompt_ids, render_prompt_text
 from relaygen_integrations.llama_index import RelayChatModel, RelayLLM, RelaySwitchEvent, to_relay_messages
 
 BASIC = "We add two and three. So the answer is five. Then we are done."

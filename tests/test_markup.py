@@ -1,4 +1,4 @@
-"""Control-token strings in the caller's text are encoded as text (engine/markup.py), and nothing else changes: on
+"""Control-token strings in the caller's text are encoded as text (engine/core/markup.py), and nothing else changes: on
 inputs without them the prompt ids are exactly the ones plain encoding of the rendered template gives."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from relaygen_integrations.engine import markup
-from relaygen_integrations.engine.prompt import (
+from relaygen_integrations.engine.core import markup
+from relaygen_integrations.engine.core.prompt import (
     MessageError,
     encode_as_text,
     render_prompt_ids,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from relaygen_integrations import cli
+import relaygen_integrations.cli.main as cli
 from relaygen_integrations import registry as reg
 from relaygen_integrations.registry import build, fetch, specs
 

@@ -12,7 +12,7 @@ from helpers import PassGate, cancel_while_held, tiny_qwen2
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.engine import GenerationError, ModelLoadError
-from relaygen_integrations.engine.models import load_causal_lm
+from relaygen_integrations.engine.local.loading import load_causal_lm
 from relaygen_integrations.langchain import RelayChatModel
 
 MESSAGES = [{"role": "user", "content": "Count the apples: two and three. So how many?"}]
@@ -181,7 +181,7 @@ def test_auto_and_resolved_settings_share_one_engine(monkeypatch, engine):
         return engine
 
     monkeypatch.setattr(RelayEngine, "from_pretrained", classmethod(fake))
-    monkeypatch.setattr("relaygen_integrations.engine.engine._SHARED_ENGINES", {})
+    monkeypatch.setattr("relaygen_integrations.engine.local.loading._SHARED_PAIRS", {})
     first = RelayEngine.shared("org/a", "org/b", dtype="auto", device="auto")
     assert RelayEngine.shared("org/a", "org/b", dtype="bf16", device="cpu") is first
     assert RelayEngine.shared("org/a", "org/b") is first and len(loads) == 1

@@ -22,12 +22,12 @@ from helpers import tiny_qwen2
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.engine import GenerationError
-from relaygen_integrations.engine.kv import CacheOptions
-from relaygen_integrations.engine.remote import EndpointError, RemoteBackend, cue_stop_strings
-from relaygen_integrations.engine.spans import FinalEvent, SwitchEvent, TextEvent
+from relaygen_integrations.engine.core.spans import FinalEvent, SwitchEvent, TextEvent
+from relaygen_integrations.engine.local.kv import CacheOptions
+from relaygen_integrations.engine.remote.backend import EndpointError, RemoteBackend, cue_stop_strings
 from relaygen_integrations.langchain import RelayChatModel
-from relaygen_integrations.serve import create_app
-from relaygen_integrations.serve_single import create_single_app
+from relaygen_integrations.serve.app import create_app
+from relaygen_integrations.serve.single import create_single_app
 
 MESSAGES = [{"role": "user", "content": "Count the apples: two and three. So how many?"}]
 POLICY = {"min_large_tokens": 1, "max_small_tokens": 3}
@@ -200,7 +200,7 @@ def test_server_stops_are_only_a_hint(tokenizer, servers, cues, remote):
 
 
 def test_cue_stop_strings_keep_word_boundaries():
-    from relaygen_integrations.engine.cues import CueSet
+    from relaygen_integrations.engine.core.cues import CueSet
 
     stops = cue_stop_strings(CueSet(("So", "So,", "now")))
     assert set(stops) == {" So ", "\nSo ", " So,", "\nSo,", " now ", "\nnow ", " now,", "\nnow,"}
@@ -451,16 +451,14 @@ def test_cli_serve_single_builds_a_keyed_completion_server(monkeypatch, tokenize
     """`relaygen serve --single --model X` loads X through the usual loaders and serves it (server start stubbed)."""
     from fastapi.testclient import TestClient
 
-    import relaygen_integrations.serve as serve_module
-    from relaygen_integrations.cli import main
-    from relaygen_integrations.engine import models
+    import relaygen_integrations.serve.http as serve_http
+    from relaygen_integrations.cli.main import main
+    from relaygen_integrations.engine.local import loading
 
     started: dict[str, object] = {}
-    monkeypatch.setattr(models, "load_causal_lm", lambda ref, dtype, device: pair[1])
-    monkeypatch.setattr(models, "load_tokenizer", lambda ref: tokenizer)
-    monkeypatch.setattr(
-        serve_module, "run_server", lambda app, host, port: started.update(app=app, host=host, port=port)
-    )
+    monkeypatch.setattr(loading, "load_causal_lm", lambda ref, dtype, device: pair[1])
+    monkeypatch.setattr(loading, "load_tokenizer", lambda ref: tokenizer)
+    monkeypatch.setattr(serve_http, "run_server", lambda app, host, port: started.update(app=app, host=host, port=port))
     assert main(["serve", "--single", "--model", "someone/tiny", "--port", "8123", "--api-key", "k"]) == 0
     assert (started["host"], started["port"]) == ("127.0.0.1", 8123)
     client = TestClient(started["app"])
@@ -473,7 +471,7 @@ def test_cli_serve_single_builds_a_keyed_completion_server(monkeypatch, tokenize
 def test_stream_chunks_restore_dropped_stop_text_and_drop_eos(tokenizer):
     """How one server chunk becomes token ids, for servers unlike ours: ids without the matched stop's tokens,
     text-only chunks, a missing stop report, an eos id at the end."""
-    from relaygen_integrations.engine.remote import CompletionStream, Endpoint
+    from relaygen_integrations.engine.remote.backend import CompletionStream, Endpoint
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     with httpx.Client() as client:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from relaygen_integrations.engine.remote import (
+from relaygen_integrations.engine.remote.backend import (
     EndpointError,
     refused_stop_limit,
     refuses_token_prompts,

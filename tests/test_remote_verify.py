@@ -12,8 +12,8 @@ from test_remote import ServerThread
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.engine import GenerationError
-from relaygen_integrations.engine.spans import TextEvent
-from relaygen_integrations.serve_single import create_single_app
+from relaygen_integrations.engine.core.spans import TextEvent
+from relaygen_integrations.serve.single import create_single_app
 
 MESSAGES = [{"role": "user", "content": "Count the apples: two and three. So how many?"}]
 POLICY = {"min_large_tokens": 1, "max_small_tokens": 4}

@@ -23,8 +23,8 @@ import pytest
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.engine import GenerationError
-from relaygen_integrations.engine.remote import EndpointError
-from relaygen_integrations.engine.spans import FinalEvent, SwitchEvent, TextEvent
+from relaygen_integrations.engine.core.spans import FinalEvent, SwitchEvent, TextEvent
+from relaygen_integrations.engine.remote.backend import EndpointError
 
 pytestmark = pytest.mark.serving_engine
 

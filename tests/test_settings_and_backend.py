@@ -17,9 +17,9 @@ from relaygen_integrations.engine import (
     SettingsError,
     merge_settings,
 )
-from relaygen_integrations.engine.settings import GenerationPlan
-from relaygen_integrations.engine.spans import ModelRole
-from relaygen_integrations.engine.transcript import BackendUsage, Fed, Transcript
+from relaygen_integrations.engine.core.settings import GenerationPlan
+from relaygen_integrations.engine.core.spans import ModelRole
+from relaygen_integrations.engine.core.transcript import BackendUsage, Fed, Transcript
 
 
 # -- settings -----------------------------------------------------------------------------------------------------
@@ -89,6 +89,7 @@ class ScriptBackend:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, large_text: str, small_text: str) -> None:
         self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
         self.eos_ids = frozenset({tokenizer.convert_tokens_to_ids("<|im_end|>")})
         self.texts = {"large": large_text, "small": small_text}
         self.sessions: list[ScriptSession] = []

@@ -12,8 +12,8 @@ from helpers import PROMPT, scripted_engine, tiny_qwen2
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.engine import GenerationError
-from relaygen_integrations.engine.sampling import Sampler, SamplingParams
-from relaygen_integrations.engine.speculative import DraftLength, accept
+from relaygen_integrations.engine.local.sampling import Sampler, SamplingParams
+from relaygen_integrations.engine.local.speculative import DraftLength, accept
 
 LARGE = "we add two and three. so the total is five. then we check it. so it is five."
 MESSAGES = [{"role": "user", "content": "Count the apples: two and three. So how many?"}]

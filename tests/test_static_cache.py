@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from relaygen_integrations import RelayEngine
-from relaygen_integrations.engine.kv import CacheOptions, static_capacity
-from relaygen_integrations.engine.settings import GenerationError
+from relaygen_integrations.engine.core.settings import GenerationError
+from relaygen_integrations.engine.local.kv import CacheOptions, static_capacity
 
 MESSAGES = [{"role": "user", "content": "Tell me about the sea and the sky."}]
 CASES = [
@@ -144,7 +144,7 @@ def test_an_option_at_its_default_shares_the_engine_loaded_without_it(monkeypatc
         return object()
 
     monkeypatch.setattr(RelayEngine, "from_pretrained", classmethod(load))
-    monkeypatch.setattr("relaygen_integrations.engine.engine._SHARED_ENGINES", {})
+    monkeypatch.setattr("relaygen_integrations.engine.local.loading._SHARED_PAIRS", {})
     plain = RelayEngine.shared("a", "b", device="cpu", dtype="fp32")
     assert RelayEngine.shared("a", "b", device="cpu", dtype="fp32", compile=False) is plain
     assert RelayEngine.shared("a", "b", device="cpu", dtype="fp32", compile=True) is not plain

@@ -6,7 +6,7 @@ import pytest
 from helpers import PROMPT, scripted_engine
 
 from relaygen_integrations import RelayEngine
-from relaygen_integrations.engine.runner import PASS_KINDS
+from relaygen_integrations.engine.local.runner import PASS_KINDS
 
 MESSAGES = [{"role": "user", "content": "Say something about the sea and the sky."}]
 

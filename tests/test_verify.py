@@ -13,8 +13,8 @@ from helpers import PROMPT, scripted_engine, tiny_qwen2
 
 from relaygen_integrations import FinalEvent, RelayEngine, SwitchEvent, TextEvent
 from relaygen_integrations.engine import GenerationError, SettingsError, merge_settings
-from relaygen_integrations.engine.cues import shipped_profile
-from relaygen_integrations.engine.verify import VerifyRule, shipped_verify_rule
+from relaygen_integrations.engine.core.cues import shipped_profile
+from relaygen_integrations.engine.core.verify import VerifyRule, shipped_verify_rule
 
 LARGE = "We add two and three. So the answer is five. Then we are done."
 WRONG = "We add two and three. So the answer is nine. Then we are done."  # one wrong word, of the same length
@@ -165,7 +165,7 @@ def test_verification_is_for_the_relay_and_local_models_only(tokenizer):
 
 
 def test_both_adapters_and_the_cli_carry_the_setting(tokenizer, monkeypatch, capsys):
-    from relaygen_integrations.cli import main
+    from relaygen_integrations.cli.main import main
     from relaygen_integrations.langchain import RelayChatModel
     from relaygen_integrations.llama_index import RelayLLM
 

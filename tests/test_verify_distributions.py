@@ -4,7 +4,7 @@ engine must cut exactly where an independent forward pass of the large model say
 The scripted models of ``test_verify.py`` put all their mass on one token, so there ``prob:TAU`` and ``ratio:TAU``
 cut where ``greedy`` does. Here the large model's softmax is a real one (its top probability ranges from 0.1 to 0.99
 on this prompt), and the cut of each rule is recomputed from one full, cache-free forward pass over the prompt and
-the unverified relay text, by the rule's definition (``engine/verify.py``): ``prob`` rejects ``p(x) < TAU``,
+the unverified relay text, by the rule's definition (``engine/core/verify.py``): ``prob`` rejects ``p(x) < TAU``,
 ``ratio`` rejects ``p(x) < TAU * max(p)``.
 
 The fixture's own small model is an independent random model: the large model gives each of its tokens a

@@ -7,7 +7,7 @@ import torch
 from helpers import tiny_qwen2
 
 from relaygen_integrations import RelayEngine
-from relaygen_integrations.engine.models import (
+from relaygen_integrations.engine.local.weights import (
     PairWeights,
     RowScaledInt8Linear,
     WeightFormat,
@@ -43,7 +43,7 @@ def test_weight_format_names_are_canonical(spec, name, dtype, quantized):
     ],
 )
 def test_fast_picks_int8_on_cpus_and_bf16_on_gpus(monkeypatch, native_bf16, device, expected):
-    from relaygen_integrations.engine import cpu
+    from relaygen_integrations.engine.local import cpu
 
     monkeypatch.setattr(cpu, "has_native_bf16", lambda: native_bf16)
     assert pick_weights("fast", device).name == expected
@@ -63,7 +63,7 @@ def test_fast_picks_int8_on_cpus_and_bf16_on_gpus(monkeypatch, native_bf16, devi
     ],
 )
 def test_native_bf16_follows_the_cpu_and_the_isa_caps_set(monkeypatch, flags, environment, native):
-    from relaygen_integrations.engine import cpu
+    from relaygen_integrations.engine.local import cpu
 
     monkeypatch.setattr(cpu, "cpu_model_and_flags", lambda: ("test CPU", flags))
     for name in cpu.ISA_LIMIT_VARIABLES:
@@ -75,7 +75,7 @@ def test_native_bf16_follows_the_cpu_and_the_isa_caps_set(monkeypatch, flags, en
 
 
 def test_bench_records_what_fast_resolved_to(monkeypatch):
-    from relaygen_integrations.bench import resolved_dtype
+    from relaygen_integrations.bench.run import resolved_dtype
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolved_dtype("fast") == "int8 (fast)"
@@ -215,9 +215,10 @@ def test_from_pretrained_loads_each_model_in_its_own_format(tokenizer, tmp_path)
 
 
 def test_auto_takes_the_formats_and_speculation_a_known_pair_ships(monkeypatch):
-    from relaygen_integrations.engine import cues
-    from relaygen_integrations.engine.models import known_pair, shipped_dtype
-    from relaygen_integrations.engine.speculative import shipped_speculative
+    from relaygen_integrations.engine.core import cues
+    from relaygen_integrations.engine.core.pairs import known_pair
+    from relaygen_integrations.engine.local.speculative import shipped_speculative
+    from relaygen_integrations.engine.local.weights import shipped_dtype
 
     entries = {"dtype": {"cpu": "bf16/int8", "cuda": "bf16", "benchmark": "x"}, "speculative": {"draft": True}}
     monkeypatch.setattr(cues, "profile_entry", lambda pair, key: entries.get(key) if pair == "demo" else None)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, field_validator
 
-from ..engine.spans import Mode
+from ..engine.core.spans import Mode
 
 if TYPE_CHECKING:
     from ..engine.engine import RelayEngine

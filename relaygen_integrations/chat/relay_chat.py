@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..engine.prompt import check_json_data, validate_messages
-from ..engine.settings import SettingsError, shown
+from ..engine.core.prompt import check_json_data, validate_messages
+from ..engine.core.settings import SettingsError, shown
 from .tool_calls import (
     InvalidToolCall,
     ParsedOutput,
@@ -26,9 +26,9 @@ from .tool_calls import (
 )
 
 if TYPE_CHECKING:
+    from ..engine.core.settings import GenerationSettings
+    from ..engine.core.spans import ModelRole, RelayResult, StreamEvent, SwitchEvent
     from ..engine.engine import RelayEngine
-    from ..engine.settings import GenerationSettings
-    from ..engine.spans import ModelRole, RelayResult, StreamEvent, SwitchEvent
 
 
 @dataclass
@@ -152,7 +152,7 @@ class ChatStreamAssembler:
         return [self._piece(p, model, 0) for p in pieces]
 
     def on_event(self, event: StreamEvent) -> list[ChatDelta]:
-        from ..engine.spans import FinalEvent, SwitchEvent, TextEvent
+        from ..engine.core.spans import FinalEvent, SwitchEvent, TextEvent
 
         if isinstance(event, TextEvent):
             head = self._take_prefill(event.model)

@@ -12,9 +12,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.prompt import ToolSchemaError as ToolSchemaError  # re-exported: the tool-schema check lives with prompts
-from ..engine.prompt import validate_tools as validate_tools
-from ..engine.settings import shown
+from ..engine.core.prompt import (
+    ToolSchemaError as ToolSchemaError,  # re-exported: the tool-schema check lives with prompts
+)
+from ..engine.core.prompt import validate_tools as validate_tools
+from ..engine.core.settings import shown
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"

@@ -1,6 +1,8 @@
 """Framework-free relay engine (no LangChain / LlamaIndex imports below this package).
 
-Names are imported on first access, so light modules (``spans``, ``settings``, ``prompt``) load without torch.
+Names are imported on first access, so light modules (``core.spans``, ``core.settings``, ``core.prompt``) load
+without torch. Layout: ``core/`` (backend-independent), ``local/`` and ``remote/`` (one folder per backend), and
+``engine.py`` (the front, over any backend).
 """
 
 from __future__ import annotations
@@ -9,58 +11,58 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .backend import Backend, BackendCapabilityError, GenerationSession
-    from .cues import PRESETS, CueConfigError, CueSet, resolve_cues
-    from .engine import RelayEngine
-    from .guard import EngineBusyError
-    from .local import LocalBackend
-    from .models import ModelLoadError, TokenizerMismatchError
-    from .policy import Decision, PolicyConfig, RelayPolicy
-    from .prompt import MessageError, ToolSchemaError
-    from .sampling import SamplingParams
-    from .settings import (
+    from .core.backend import Backend, BackendCapabilityError, GenerationSession
+    from .core.cues import PRESETS, CueConfigError, CueSet, resolve_cues
+    from .core.guard import EngineBusyError
+    from .core.pairs import ModelLoadError, TokenizerMismatchError
+    from .core.policy import Decision, PolicyConfig, RelayPolicy
+    from .core.prompt import MessageError, ToolSchemaError
+    from .core.settings import (
         GenerationError,
         GenerationPlan,
         GenerationSettings,
         PromptError,
+        SamplingParams,
         SettingsError,
         merge_settings,
     )
-    from .spans import FinalEvent, RelayResult, Span, StreamEvent, SwitchEvent, TextEvent, Usage
+    from .core.spans import FinalEvent, RelayResult, Span, StreamEvent, SwitchEvent, TextEvent, Usage
+    from .engine import RelayEngine
+    from .local.backend import LocalBackend
 
 # Where each public name lives.
 _HOME = {
-    "Backend": "backend",
-    "BackendCapabilityError": "backend",
-    "GenerationSession": "backend",
-    "PRESETS": "cues",
-    "CueConfigError": "cues",
-    "CueSet": "cues",
-    "resolve_cues": "cues",
+    "Backend": "core.backend",
+    "BackendCapabilityError": "core.backend",
+    "GenerationSession": "core.backend",
+    "PRESETS": "core.cues",
+    "CueConfigError": "core.cues",
+    "CueSet": "core.cues",
+    "resolve_cues": "core.cues",
     "RelayEngine": "engine",
-    "EngineBusyError": "guard",
-    "LocalBackend": "local",
-    "ModelLoadError": "models",
-    "TokenizerMismatchError": "models",
-    "Decision": "policy",
-    "PolicyConfig": "policy",
-    "RelayPolicy": "policy",
-    "MessageError": "prompt",
-    "ToolSchemaError": "prompt",
-    "SamplingParams": "sampling",
-    "GenerationError": "settings",
-    "GenerationPlan": "settings",
-    "GenerationSettings": "settings",
-    "PromptError": "settings",
-    "SettingsError": "settings",
-    "merge_settings": "settings",
-    "FinalEvent": "spans",
-    "RelayResult": "spans",
-    "Span": "spans",
-    "StreamEvent": "spans",
-    "SwitchEvent": "spans",
-    "TextEvent": "spans",
-    "Usage": "spans",
+    "EngineBusyError": "core.guard",
+    "LocalBackend": "local.backend",
+    "ModelLoadError": "core.pairs",
+    "TokenizerMismatchError": "core.pairs",
+    "Decision": "core.policy",
+    "PolicyConfig": "core.policy",
+    "RelayPolicy": "core.policy",
+    "MessageError": "core.prompt",
+    "ToolSchemaError": "core.prompt",
+    "SamplingParams": "core.settings",
+    "GenerationError": "core.settings",
+    "GenerationPlan": "core.settings",
+    "GenerationSettings": "core.settings",
+    "PromptError": "core.settings",
+    "SettingsError": "core.settings",
+    "merge_settings": "core.settings",
+    "FinalEvent": "core.spans",
+    "RelayResult": "core.spans",
+    "Span": "core.spans",
+    "StreamEvent": "core.spans",
+    "SwitchEvent": "core.spans",
+    "TextEvent": "core.spans",
+    "Usage": "core.spans",
 }
 
 __all__ = [

@@ -1,8 +1,8 @@
 """RelayEngine: the public, framework-free front (load a pair once, generate / stream, sync or async).
 
 The front plans and validates every request (one :class:`GenerationSettings`), owns the switching policy and the
-transcript, serializes requests where the backend needs it, and runs the one generation loop (``generate.drive``)
-over a :class:`~relaygen_integrations.engine.backend.Backend`: ``LocalBackend`` (two in-process models) or
+transcript, serializes requests where the backend needs it, and runs the one generation loop (``core/loop.drive``)
+over a :class:`~relaygen_integrations.engine.core.backend.Backend`: ``LocalBackend`` (two in-process models) or
 ``RemoteBackend`` (two OpenAI-compatible servers). Async and streaming are built here once for every backend.
 """
 
@@ -18,25 +18,14 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .backend import Backend, BackendCapabilityError
-from .cues import CueConfigError, CueSet, resolve_cues
-from .draft_head import DraftVocab, shipped_draft_vocab
-from .generate import drive
-from .guard import EngineBusyError, RequestLock, check_prompt_ids, policy_config
-from .kv import KVCacheKind, cache_options
-from .local import LocalBackend
-from .models import (
-    PairDTypeSpec,
-    known_pair,
-    load_pair,
-    pick_device,
-    pick_pair_weights,
-    reasoning_end_marker,
-    shipped_dtype,
-)
-from .policy import PolicyConfig, RelayPolicy
-from .prompt import render_prompt_ids
-from .settings import (
+from .core.backend import Backend, BackendCapabilityError
+from .core.cues import CueConfigError, CueSet, resolve_cues
+from .core.guard import EngineBusyError, RequestLock, check_prompt_ids, policy_config
+from .core.loop import drive
+from .core.pairs import reasoning_end_marker
+from .core.policy import PolicyConfig, RelayPolicy
+from .core.prompt import render_prompt_ids
+from .core.settings import (
     GenerationError,
     GenerationPlan,
     GenerationSettings,
@@ -45,10 +34,15 @@ from .settings import (
     merge_settings,
     shown,
 )
-from .spans import FinalEvent, RelayResult, StreamEvent
-from .speculative import DEFAULT_DRAFT_CONFIDENCE, shipped_speculative
-from .transcript import Transcript
-from .verify import VerifyRule, parse_verify_default, shipped_verify_rule
+from .core.spans import FinalEvent, RelayResult, StreamEvent
+from .core.transcript import Transcript
+from .core.verify import VerifyRule, parse_verify_default, shipped_verify_rule
+from .local.backend import LocalBackend
+from .local.draft_head import DraftVocab, shipped_draft_vocab
+from .local.kv import KVCacheKind, cache_options
+from .local.loading import load_pair, pair_key, pick_device, shared_pair
+from .local.speculative import DEFAULT_DRAFT_CONFIDENCE, shipped_speculative
+from .local.weights import PairDTypeSpec
 
 __all__ = ["BackendCapabilityError", "EngineBusyError", "GenerationError", "GenerationPlan", "RelayEngine"]
 
@@ -59,8 +53,6 @@ class _Failure:
 
 
 _DONE = object()
-_SHARED_ENGINES: dict[tuple[Any, ...], RelayEngine] = {}
-_SHARED_LOCK = threading.Lock()
 
 
 class RelayEngine:
@@ -92,11 +84,8 @@ class RelayEngine:
         self.policy_config = config
         self._lock = RequestLock()
         self._cue_cache: dict[Any, CueSet] = {}
-        # The ids any model of the pair can read: the tokenizer's, and no more than a local model's embedding rows.
-        sizes = [len(tokenizer)] + [
-            int(runner.model.config.vocab_size) for runner in getattr(backend, "runners", {}).values()
-        ]
-        self.vocab_size = min(sizes)
+        # The ids every model of the pair can read: the tokenizer's, and no more than the backend's models take.
+        self.vocab_size = min(len(tokenizer), backend.vocab_size)
         # The default for requests that do not say; validated like a request's own.
         self.speculative = self._draft_limit(merge_settings({"speculative": speculative}), default=0)
         try:  # the rule for requests that leave ``verify`` unset; None = off
@@ -127,7 +116,7 @@ class RelayEngine:
     ) -> RelayEngine:
         """An engine over two loaded transformers models (the small one may be None: mode ``large`` only).
         ``kv_cache="static"`` preallocates each model's KV cache; ``compile=True`` (static cache implied) compiles
-        the one-token decode step - CUDA graphs on a GPU (see ``engine/kv.py``). ``draft_vocab=N``: speculative
+        the one-token decode step - CUDA graphs on a GPU (see ``engine/local/kv.py``). ``draft_vocab=N``: speculative
         drafts score the N most frequent tokens (+ special and prompt tokens) only - lossless (``draft_head.py``)."""
         backend = LocalBackend(
             large, small, tokenizer, large_name=large_name, small_name=small_name, reuse_prefix=reuse_prefix,
@@ -195,18 +184,13 @@ class RelayEngine:
         """One engine - one copy of the weights - per pair of models, device and dtype (plus loading ``options``
         such as ``trust_remote_code``), loaded on first use. Cues, policy and speculation are per request, so
         adapters that differ only in those share the weights."""
-        torch_device = pick_device(device)  # "auto" and what it resolves to must share one copy
         # An option passed at its default (``compile=False``) must share the copy loaded without it.
         defaults = {name: p.default for name, p in inspect.signature(cls.from_pretrained).parameters.items()}
-        chosen = sorted((k, v) for k, v in options.items() if k not in defaults or v != defaults[k])
-        weights = pick_pair_weights(shipped_dtype(known_pair(large, small), torch_device, dtype), torch_device)
-        key = (large, small, str(torch_device), weights.name, *chosen)
-        with _SHARED_LOCK:
-            engine = _SHARED_ENGINES.get(key)
-            if engine is None:
-                engine = cls.from_pretrained(large=large, small=small, device=device, dtype=dtype, **options)
-                _SHARED_ENGINES[key] = engine
-            return engine
+        chosen = {k: v for k, v in options.items() if k not in defaults or v != defaults[k]}
+        return shared_pair(
+            pair_key(large, small, device, dtype, chosen),
+            lambda: cls.from_pretrained(large=large, small=small, device=device, dtype=dtype, **options),
+        )
 
     @classmethod
     def from_endpoints(
@@ -225,11 +209,11 @@ class RelayEngine:
         ``options``: ``api_key``, ``timeout``, ``retries``, ``large_model``/``small_model`` (served model names;
         default: the first each server lists), ``context_window``, ``server_stops`` (default True),
         ``trust_remote_code``; ``verify`` (the default rule; needs a server that scores prompts). Design:
-        ``engine/remote.py``.
+        ``engine/remote/backend.py``.
         """
         verify = options.pop("verify", None)
         try:
-            from .remote import RemoteBackend
+            from .remote.backend import RemoteBackend
         except ModuleNotFoundError as exc:
             if exc.name != "httpx":
                 raise

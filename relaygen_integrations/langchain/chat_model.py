@@ -41,9 +41,9 @@ from pydantic import BaseModel, ConfigDict
 from ..chat.model_fields import RelayModelFields
 from ..chat.relay_chat import ChatDelta, ChatRequest, astream_chat, prepare_chat, stream_chat
 from ..chat.tool_calls import InvalidToolCall, ToolCall, check_tool_choice, validate_tools
+from ..engine.core.settings import merge_settings
+from ..engine.core.spans import RelayResult, SwitchEvent
 from ..engine.engine import RelayEngine
-from ..engine.settings import merge_settings
-from ..engine.spans import RelayResult, SwitchEvent
 
 SWITCH_EVENT = "relaygen_switch"
 _RUN_KWARG = "relaygen_run_id"

@@ -1,6 +1,6 @@
 """LlamaIndex responses and instrumentation events from a relay generation's stream.
 
-``RelaySwitchEvent`` is dispatched at every change of writer; ``_ChatTurn`` and ``_CompletionTurn`` turn the chat
+``RelaySwitchEvent`` is dispatched at every change of writer; ``ChatTurn`` and ``CompletionTurn`` turn the chat
 layer's deltas / the engine's events into streamed ChatResponses / CompletionResponses and the final one, whose
 ``raw`` carries the engine's exact token usage.
 """
@@ -17,8 +17,8 @@ from llama_index.core.instrumentation.events.base import BaseEvent
 
 from ..chat.relay_chat import ChatDelta
 from ..chat.tool_calls import ParsedOutput, ToolCall
-from ..engine.spans import FinalEvent, RelayResult, StreamEvent, SwitchEvent, TextEvent
-from .messages import _assistant_message
+from ..engine.core.spans import FinalEvent, RelayResult, StreamEvent, SwitchEvent, TextEvent
+from .messages import assistant_message
 
 dispatcher = get_dispatcher(__name__)
 
@@ -66,7 +66,7 @@ def _dispatch_switch(switch: SwitchEvent, span_id: str | None) -> None:
     )
 
 
-class _ChatTurn:
+class ChatTurn:
     """Turns one turn's ChatDeltas into ChatResponses (streamed deltas, then the final response)."""
 
     def __init__(self, span_id: str | None, emit_deltas: bool = True) -> None:
@@ -82,7 +82,7 @@ class _ChatTurn:
         if delta.result is not None:
             parsed = delta.parsed or ParsedOutput(content=self.content, tool_calls=self.calls)
             return ChatResponse(
-                message=_assistant_message(parsed.content, parsed.tool_calls, parsed.invalid_tool_calls),
+                message=assistant_message(parsed.content, parsed.tool_calls, parsed.invalid_tool_calls),
                 delta="" if self.emit_deltas else None,
                 raw=_raw(delta.result),
                 additional_kwargs={"relaygen": delta.result.relay_metadata()},
@@ -98,13 +98,13 @@ class _ChatTurn:
         if not self.emit_deltas:
             return None
         return ChatResponse(
-            message=_assistant_message(self.content, self.calls),
+            message=assistant_message(self.content, self.calls),
             delta=text,
             additional_kwargs=_delta_tags(delta.model, delta.span_index),
         )
 
 
-class _CompletionTurn:
+class CompletionTurn:
     """Turns engine events into CompletionResponses (streamed deltas, then the final response)."""
 
     def __init__(self, span_id: str | None, emit_deltas: bool = True) -> None:
@@ -133,7 +133,7 @@ class _CompletionTurn:
         return None
 
 
-def _last(responses: Iterator[Any]) -> Any:
+def last_response(responses: Iterator[Any]) -> Any:
     """The final response of a stream that was run only for its result."""
     tail = deque(responses, maxlen=1)
     if not tail:

@@ -38,20 +38,20 @@ from llama_index.core.llms.llm import ToolSelection
 
 from ..chat.model_fields import RelayModelFields
 from ..chat.relay_chat import ChatRequest, astream_chat, prepare_chat, stream_chat
-from ..engine.prompt import MessageError, check_text
-from ..engine.settings import GenerationSettings, merge_settings, shown
-from ..engine.spans import StreamEvent
+from ..engine.core.prompt import MessageError, check_text
+from ..engine.core.settings import GenerationSettings, merge_settings, shown
+from ..engine.core.spans import StreamEvent
+from .events import ChatTurn, CompletionTurn, last_response
 from .events import RelaySwitchEvent as RelaySwitchEvent
-from .events import _ChatTurn, _CompletionTurn, _last
 from .events import dispatcher as dispatcher
-from .messages import _arguments_dict, _tool_dicts
+from .messages import arguments_dict, tool_dicts
 from .messages import to_relay_messages as to_relay_messages
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
 
+    from ..engine.core.settings import GenerationPlan
     from ..engine.engine import RelayEngine
-    from ..engine.settings import GenerationPlan
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
         return prepare_chat(
             to_relay_messages(messages),
             self._settings(kwargs),
-            tools=_tool_dicts(kwargs.get("tools")),
+            tools=tool_dicts(kwargs.get("tools")),
             tool_choice=kwargs.get("tool_choice"),
             chat_template_kwargs=kwargs.get("chat_template_kwargs"),
             raw_markup=kwargs.get("raw_markup", self.raw_markup),
@@ -164,14 +164,14 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         request = self._chat_request(messages, kwargs)
-        turn = _ChatTurn(active_span_id.get(), emit_deltas=False)
-        return _last(r for d in stream_chat(self.engine, request) if (r := turn.on_delta(d)) is not None)
+        turn = ChatTurn(active_span_id.get(), emit_deltas=False)
+        return last_response(r for d in stream_chat(self.engine, request) if (r := turn.on_delta(d)) is not None)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         # Not a generator function: the request is validated and the span id captured now, at call time.
         request = self._chat_request(messages, kwargs)
-        turn = _ChatTurn(active_span_id.get())
+        turn = ChatTurn(active_span_id.get())
         engine = self.engine
 
         def gen() -> ChatResponseGen:
@@ -185,7 +185,7 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         request = self._chat_request(messages, kwargs)
-        turn = _ChatTurn(active_span_id.get(), emit_deltas=False)
+        turn = ChatTurn(active_span_id.get(), emit_deltas=False)
         final: ChatResponse | None = None
         async for delta in astream_chat(await self._aengine(), request):
             response = turn.on_delta(delta)
@@ -198,7 +198,7 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         request = self._chat_request(messages, kwargs)
-        turn = _ChatTurn(active_span_id.get())
+        turn = ChatTurn(active_span_id.get())
         engine = await self._aengine()
 
         async def gen() -> ChatResponseAsyncGen:
@@ -215,14 +215,14 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
         """The prompt goes through the chat template as one user message, or as raw token ids if ``formatted``."""
         engine = self.engine
         plan = self._completion_plan(engine, prompt, formatted, kwargs)
-        turn = _CompletionTurn(active_span_id.get(), emit_deltas=False)
-        return _last(r for e in engine.run_plan(plan) if (r := turn.on_event(e)) is not None)
+        turn = CompletionTurn(active_span_id.get(), emit_deltas=False)
+        return last_response(r for e in engine.run_plan(plan) if (r := turn.on_event(e)) is not None)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         engine = self.engine
         plan = self._completion_plan(engine, prompt, formatted, kwargs)
-        turn = _CompletionTurn(active_span_id.get())
+        turn = CompletionTurn(active_span_id.get())
 
         def gen() -> CompletionResponseGen:
             for event in engine.run_plan(plan):
@@ -236,7 +236,7 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         engine = await self._aengine()
         plan = self._completion_plan(engine, prompt, formatted, kwargs)
-        turn = _CompletionTurn(active_span_id.get(), emit_deltas=False)
+        turn = CompletionTurn(active_span_id.get(), emit_deltas=False)
         final: CompletionResponse | None = None
         async for event in engine.astream_plan(plan):
             response = turn.on_event(event)
@@ -250,7 +250,7 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
         engine = await self._aengine()
         plan = self._completion_plan(engine, prompt, formatted, kwargs)
-        turn = _CompletionTurn(active_span_id.get())
+        turn = CompletionTurn(active_span_id.get())
 
         async def gen() -> CompletionResponseAsyncGen:
             events: AsyncIterator[StreamEvent] = engine.astream_plan(plan)
@@ -282,7 +282,7 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
             tool_choice = "required"  # the chat layer prefills "<tool_call>" so the model can only call a tool
         return {
             "messages": messages,
-            "tools": _tool_dicts(tools),
+            "tools": tool_dicts(tools),
             **({"tool_choice": tool_choice} if tool_choice is not None else {}),
             **kwargs,
         }
@@ -317,7 +317,7 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
             return []
         selections = []
         for call in calls:
-            arguments = _arguments_dict(call.tool_kwargs)
+            arguments = arguments_dict(call.tool_kwargs)
             selections.append(
                 ToolSelection(
                     tool_id=call.tool_call_id or "",

@@ -1,7 +1,7 @@
 """LlamaIndex messages and tools <-> the OpenAI-style dicts the chat layer takes.
 
 ``to_relay_messages`` renders a LlamaIndex history (text and tool-call blocks, or ``additional_kwargs["tool_calls"]``
-from other LLMs) as template dicts; ``_tool_dicts`` converts LlamaIndex tools; ``_assistant_message`` builds the
+from other LLMs) as template dicts; ``tool_dicts`` converts LlamaIndex tools; ``assistant_message`` builds the
 assistant ChatMessage (tool-call blocks plus the OpenAI wire shape) from parsed model output.
 """
 
@@ -81,7 +81,7 @@ def to_relay_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def _template_call(call_id: str | None, name: str, arguments: Mapping[str, Any] | str) -> dict[str, Any]:
-    call: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": _arguments_dict(arguments)}}
+    call: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": arguments_dict(arguments)}}
     if call_id:
         call["id"] = call_id
     return call
@@ -100,7 +100,7 @@ def _template_call_from_kwargs(raw: Any) -> dict[str, Any]:
     return _template_call(call_id, name, arguments if arguments is not None else {})
 
 
-def _arguments_dict(arguments: Mapping[str, Any] | str) -> dict[str, Any] | str:
+def arguments_dict(arguments: Mapping[str, Any] | str) -> dict[str, Any] | str:
     """Arguments as an object, as the template renders them; a string that is not a JSON object stays as written."""
     if isinstance(arguments, Mapping):
         return dict(arguments)
@@ -111,7 +111,7 @@ def _arguments_dict(arguments: Mapping[str, Any] | str) -> dict[str, Any] | str:
     return parsed if isinstance(parsed, dict) else arguments
 
 
-def _tool_dicts(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+def tool_dicts(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
     """Tools as OpenAI dicts: LlamaIndex tools are converted, dicts are passed on (the chat layer validates them)."""
     if not tools:
         return None
@@ -123,7 +123,7 @@ def _tool_dicts(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
 
 
 # -- assistant messages -------------------------------------------------------------------------------------------
-def _assistant_message(content: str, calls: Sequence[ToolCall], invalid: Sequence[InvalidToolCall] = ()) -> ChatMessage:
+def assistant_message(content: str, calls: Sequence[ToolCall], invalid: Sequence[InvalidToolCall] = ()) -> ChatMessage:
     blocks: list[Any] = []
     if content or not calls:
         blocks.append(TextBlock(text=content))

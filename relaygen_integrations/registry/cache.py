@@ -50,7 +50,7 @@ def relaygen_home() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "relaygen"
 
 
-def _gguf_path(spec: ModelSpec, home: Path) -> Path:
+def gguf_file_path(spec: ModelSpec, home: Path) -> Path:
     return home / "gguf" / spec.gguf_file
 
 
@@ -58,17 +58,17 @@ def _pair_root(pair: str, home: Path) -> Path:
     return home / "models" / pair
 
 
-def _model_dir(pair: str, role: Role, dtype: DType, home: Path) -> Path:
+def model_dir(pair: str, role: Role, dtype: DType, home: Path) -> Path:
     return _pair_root(pair, home) / f"{role}-{dtype}"
 
 
-def _tokenizer_dir(pair: str, home: Path) -> Path:
+def tokenizer_dir(pair: str, home: Path) -> Path:
     return _pair_root(pair, home) / TOKENIZER_DIRNAME
 
 
-def _gguf_size_ok(spec: ModelSpec, home: Path) -> Path | None:
+def gguf_size_ok(spec: ModelSpec, home: Path) -> Path | None:
     """The kept GGUF if it has the published size. Cheap, for reporting only: fetch_pair re-hashes it before use."""
-    path = _gguf_path(spec, home)
+    path = gguf_file_path(spec, home)
     try:
         return path if path.stat().st_size == spec.gguf_size else None
     except OSError:
@@ -86,7 +86,7 @@ def _dir_files(directory: Path) -> dict[str, int]:
     }
 
 
-def _write_manifest(directory: Path, **fields: Any) -> None:
+def write_manifest(directory: Path, **fields: Any) -> None:
     try:
         import transformers
 
@@ -138,17 +138,17 @@ def _read_valid_manifest(
     return manifest if required_ok else None
 
 
-def _model_dir_valid(pair: PairSpec, role: Role, dtype: DType, home: Path) -> bool:
+def model_dir_valid(pair: PairSpec, role: Role, dtype: DType, home: Path) -> bool:
     spec = pair.model(role)
-    directory = _model_dir(pair.name, role, dtype, home)
+    directory = model_dir(pair.name, role, dtype, home)
     return (
         _read_valid_manifest(directory, pair=pair.name, role=role, dtype=dtype, source_sha256=spec.gguf_sha256)
         is not None
     )
 
 
-def _tokenizer_dir_valid(pair: PairSpec, home: Path) -> bool:
-    directory = _tokenizer_dir(pair.name, home)
+def tokenizer_dir_valid(pair: PairSpec, home: Path) -> bool:
+    directory = tokenizer_dir(pair.name, home)
     return (
         _read_valid_manifest(
             directory, pair=pair.name, role="tokenizer", dtype=None, source_sha256=pair.large.gguf_sha256
@@ -157,7 +157,7 @@ def _tokenizer_dir_valid(pair: PairSpec, home: Path) -> bool:
     )
 
 
-def _dir_size(directory: Path) -> int:
+def dir_size(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
 
@@ -165,7 +165,7 @@ def _dir_size(directory: Path) -> int:
 
 
 @contextlib.contextmanager
-def _locked(home: Path, name: str) -> Iterator[None]:
+def pair_lock(home: Path, name: str) -> Iterator[None]:
     """Serialise fetches of one pair across processes (two `make` targets may fetch at the same time)."""
     home.mkdir(parents=True, exist_ok=True)
     try:
@@ -181,7 +181,7 @@ def _locked(home: Path, name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _fresh_tmp_dir(final: Path) -> Path:
+def fresh_tmp_dir(final: Path) -> Path:
     """An empty sibling of ``final`` (same filesystem, so the final rename is atomic)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     # Leftovers of a crashed earlier build are never renamed into place; clear them.
@@ -190,7 +190,7 @@ def _fresh_tmp_dir(final: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
 
 
-def _install_dir(tmp: Path, final: Path) -> None:
+def install_dir(tmp: Path, final: Path) -> None:
     # mkdtemp makes 0700 dirs and transformers writes 0600 weights; a shared cache should honour the umask.
     umask = os.umask(0)
     os.umask(umask)
@@ -202,7 +202,7 @@ def _install_dir(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)
 
 
-def _drop_ggufs(pair: PairSpec, home: Path) -> None:
+def drop_ggufs(pair: PairSpec, home: Path) -> None:
     # Only after every conversion succeeded; another dtype later means downloading again.
     for spec in pair.models():
-        _gguf_path(spec, home).unlink(missing_ok=True)
+        gguf_file_path(spec, home).unlink(missing_ok=True)

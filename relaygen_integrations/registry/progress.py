@@ -22,7 +22,7 @@ from rich.progress import (
 
 
 @contextlib.contextmanager
-def _conversion_display(console: Console, description: str) -> Iterator[None]:
+def conversion_display(console: Console, description: str) -> Iterator[None]:
     """A spinner for the whole conversion plus a rich bar for the tensor dequantization.
 
     transformers draws its own tqdm bars, which garble a rich live display. Its "Loading weights" /
@@ -69,7 +69,7 @@ def _conversion_display(console: Console, description: str) -> Iterator[None]:
             progress.update(main_task, total=1, completed=1)
 
 
-def _byte_progress(console: Console) -> Progress:
+def byte_progress(console: Console) -> Progress:
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -80,7 +80,7 @@ def _byte_progress(console: Console) -> Progress:
     )
 
 
-def _count_progress(console: Console) -> Progress:
+def count_progress(console: Console) -> Progress:
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import cast
 
 # KNOWN_PAIRS is read as `specs.KNOWN_PAIRS`, never imported by name: replacing that one module attribute (as
-# the tests do to install a fake pair) then reaches every lookup, here and in specs._get_pair alike.
+# the tests do to install a fake pair) then reaches every lookup, here and in specs.get_pair alike.
 from . import specs
 from .build import fetch_pair
-from .cache import _dir_size, _gguf_size_ok, _model_dir, _model_dir_valid, relaygen_home
+from .cache import dir_size, gguf_size_ok, model_dir, model_dir_valid, relaygen_home
 from .errors import RegistryError
-from .specs import DTYPES, ROLES, PairInfo, PairPaths, Role, _get_pair, _normalize_dtype
+from .specs import DTYPES, ROLES, PairInfo, PairPaths, Role, get_pair, normalize_dtype
 
 __all__ = ["list_pairs", "pair_gguf_paths", "pair_paths", "resolve_model"]
 
@@ -24,20 +24,20 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 def pair_paths(name: str = "demo", dtype: str = "bf16") -> PairPaths | None:
     """The pair's directories if both are cached and complete, else None. Never downloads."""
-    pair = _get_pair(name)
-    dt = _normalize_dtype(dtype)
+    pair = get_pair(name)
+    dt = normalize_dtype(dtype)
     home = relaygen_home()
-    if all(_model_dir_valid(pair, role, dt, home) for role in ROLES):
-        return PairPaths(large=_model_dir(pair.name, "large", dt, home), small=_model_dir(pair.name, "small", dt, home))
+    if all(model_dir_valid(pair, role, dt, home) for role in ROLES):
+        return PairPaths(large=model_dir(pair.name, "large", dt, home), small=model_dir(pair.name, "small", dt, home))
     return None
 
 
 def pair_gguf_paths(name: str = "demo") -> PairPaths | None:
     """The pair's downloaded GGUF files (what llama.cpp serves) if both are kept with their published sizes, else
     None (not fetched, or fetched with ``keep_gguf=False``). Never downloads."""
-    pair = _get_pair(name)
+    pair = get_pair(name)
     home = relaygen_home()
-    large, small = (_gguf_size_ok(pair.model(role), home) for role in ("large", "small"))
+    large, small = (gguf_size_ok(pair.model(role), home) for role in ("large", "small"))
     return PairPaths(large=large, small=small) if large is not None and small is not None else None
 
 
@@ -53,7 +53,7 @@ def list_pairs() -> list[PairInfo]:
             paths = pair_paths(name, dt)
             if paths is not None:
                 cached[dt] = paths
-                sizes[dt] = _dir_size(paths.large) + _dir_size(paths.small)
+                sizes[dt] = dir_size(paths.large) + dir_size(paths.small)
         infos.append(
             PairInfo(
                 name=name,
@@ -62,7 +62,7 @@ def list_pairs() -> list[PairInfo]:
                 small_model=pair.small.model_name,
                 cached=cached,
                 sizes=sizes,
-                gguf={spec.role: _gguf_size_ok(spec, home) for spec in pair.models()},
+                gguf={spec.role: gguf_size_ok(spec, home) for spec in pair.models()},
             )
         )
     return infos
@@ -87,8 +87,8 @@ def resolve_model(ref: str, role: Role, dtype: str = "bf16", fetch: bool = True)
         if paths is None:
             if not fetch:
                 raise RegistryError(
-                    f"model pair {pair_name!r} ({_normalize_dtype(dtype)}) is not cached; "
-                    f"run `relaygen models fetch {pair_name} --dtype {_normalize_dtype(dtype)}`"
+                    f"model pair {pair_name!r} ({normalize_dtype(dtype)}) is not cached; "
+                    f"run `relaygen models fetch {pair_name} --dtype {normalize_dtype(dtype)}`"
                 )
             paths = fetch_pair(pair_name, dtype)
         return str(paths.for_role(which))

@@ -162,14 +162,14 @@ DEMO_PAIR = PairSpec(
 KNOWN_PAIRS: dict[str, PairSpec] = {DEMO_PAIR.name: DEMO_PAIR}
 
 
-def _normalize_dtype(dtype: str) -> DType:
+def normalize_dtype(dtype: str) -> DType:
     try:
         return _DTYPE_ALIASES[dtype.lower()]
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}") from None
 
 
-def _get_pair(name: str) -> PairSpec:
+def get_pair(name: str) -> PairSpec:
     try:
         return KNOWN_PAIRS[name]
     except KeyError:

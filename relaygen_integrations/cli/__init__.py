@@ -1,0 +1,1 @@
+"""The ``relaygen`` command line: ``main.py`` builds the parser; one module per command family."""

@@ -1,0 +1,223 @@
+"""`relaygen generate` and `relaygen demo`: stream a relay generation, coloured by model, then a stats line; the demo
+also runs the large model alone on the same question and compares answers and speed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from ..engine.core.settings import MODES, GenerationSettings, merge_settings
+from ..engine.core.spans import RelayResult
+from ..prompts import answers_match, extract_answer, gsm8k_reference_answer, load_gsm8k, math_messages
+
+if TYPE_CHECKING:
+    from ..engine import RelayEngine
+
+
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--large", default="demo", help="known pair name, hub id or local dir (default: demo)")
+    parser.add_argument("--small", default="demo", help="known pair name, hub id or local dir (default: demo)")
+    parser.add_argument("--cues", default="auto", help="auto | qwen3 | r1 | generic | none | comma list | profile.json")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (the pair's shipped formats, else bf16) | fast (int8 on a CPU, bf16 on CUDA) | bf16 | fp32 | int8"
+        " (CPU); LARGE/SMALL gives each model its own, e.g. bf16/int8",
+    )
+    parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the one-token decode steps (static KV cache; GPU: CUDA graphs)",
+    )
+    parser.add_argument("--mode", default="relay", choices=list(MODES))
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=None, help="stop sequence (repeatable)")
+    parser.add_argument(
+        "--speculative",
+        nargs="?",
+        const=True,
+        default=None,
+        type=int,
+        metavar="K",
+        help="the small model drafts for the large model's tokens (lossless); optional maximum draft length K; 0 turns"
+        " it off (default: the pair's shipped choice)",
+    )
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --speculative: drafts score only the N most frequent tokens (+ special, prompt tokens); same text",
+    )
+    parser.add_argument(
+        "--verify",
+        default=None,
+        metavar="RULE",
+        help="verified relay: the large model checks the small model's tokens and rewrites from the first it rejects "
+        "(greedy | prob:TAU | ratio:TAU, optionally +answer, or off; default: the pair's shipped rule, if any)",
+    )
+    parser.add_argument("--json", action="store_true", help="print {text, spans, usage, finish_reason} as JSON")
+
+
+def add_generate_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("generate", help="relay-generate an answer to a prompt")
+    parser.add_argument("prompt", help="the user message")
+    parser.add_argument("--system", default=None, help="optional system message")
+    _add_engine_options(parser)
+    parser.set_defaults(func=run_generate)
+
+
+def add_demo_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "demo", help="a GSM8K question answered by the large model alone and by relay, coloured by model, compared"
+    )
+    parser.add_argument("--data", type=Path, default=None, help="GSM8K jsonl (default: five shipped test problems)")
+    parser.add_argument("--index", type=int, default=0, help="which problem")
+    parser.add_argument(
+        "--no-compare",
+        dest="compare",
+        action="store_false",
+        help="skip the large-model-alone run that relay is compared with",
+    )
+    _add_engine_options(parser)
+    parser.set_defaults(func=run_demo)
+
+
+def cues_arg(value: str) -> str | list[str]:
+    """``--cues``: a preset, a profile path, or a comma-separated list of cues."""
+    return [c for c in value.split(",") if c] if "," in value and not value.endswith(".json") else value
+
+
+def _load(args: argparse.Namespace, console: Console) -> tuple[Any, GenerationSettings]:
+    """The shared engine and the command's settings. Heavy imports (torch, transformers) only once a command really
+    runs: ``relaygen models ...`` stays instant."""
+    from transformers.utils import logging as hf_logging
+
+    from ..engine import RelayEngine
+
+    hf_logging.disable_progress_bar()  # the per-tensor "Loading weights" bars would drown the coloured answer
+    # Settings first: a bad flag is an error before minutes of model loading.
+    settings = merge_settings(
+        {
+            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+            "top_k": args.top_k, "seed": args.seed, "stop": args.stop, "mode": args.mode,
+            "speculative": args.speculative, "cues": cues_arg(args.cues), "verify": args.verify,
+            "draft_vocab": args.draft_vocab,
+        }
+    )  # fmt: skip
+    with console.status("loading the model pair (first use fetches it) ..."):
+        engine = RelayEngine.shared(args.large, args.small, device=args.device, dtype=args.dtype, compile=args.compile)
+    if _bf16_on_cpu(engine):
+        from ..engine.local.cpu import has_native_bf16
+
+        passes = "" if has_native_bf16() else ", and a multi-position pass ~6x on this CPU without bf16 instructions"
+        console.print(
+            f"[dim]bf16 on a CPU: --dtype fast (int8 here) makes a decode step about 2x cheaper{passes} (answers "
+            "differ from bf16's; see docs/benchmarks.md)[/dim]"
+        )
+    return engine, settings
+
+
+def _bf16_on_cpu(engine: Any) -> bool:
+    """Whether this engine computes in bf16 on a CPU (where int8 was measured about 2x faster per step)."""
+    import torch
+
+    if engine.backend.kind != "local":
+        return False
+    models = [engine.backend.local_model(role) for role in engine.backend.roles]
+    return any(getattr(m, "dtype", None) == torch.bfloat16 and m.device.type == "cpu" for m in models)
+
+
+def _show(engine: Any, messages: list[dict[str, str]], settings: GenerationSettings, console: Console) -> RelayResult:
+    from .render import print_stream, stats_line
+
+    result = print_stream(engine.stream(messages, settings=settings), console)
+    console.print(stats_line(result), soft_wrap=True)
+    return result
+
+
+def _run(args: argparse.Namespace, messages: list[dict[str, str]], console: Console) -> int:
+    from .render import legend
+
+    engine, settings = _load(args, console)
+    if args.json:
+        result = engine.generate(messages, settings=settings)
+        print(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))
+        return 0
+    console.print(legend(engine.large_name, engine.small_name))
+    _show(engine, messages, settings, console)
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    console = Console(stderr=args.json)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}
+    ]
+    return _run(args, messages, console)
+
+
+def describe_mode(engine: RelayEngine, settings: GenerationSettings) -> str:
+    """How a run's header names what ran: the mode, plus verification (the request's rule or the engine's default)
+    and speculation when on."""
+    parts = [settings.mode]
+    verify = engine.verify if settings.verify is None else settings.verify
+    if settings.mode == "relay" and verify:
+        parts.append(f"verified ({verify.spec})")
+    if engine.speculative if settings.speculative is None else settings.speculative:
+        parts.append("self-speculative")
+    return ", ".join(parts)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """One GSM8K question, answered by the large model alone and then by relay (the command's mode and settings):
+    both answers, checked against the reference, and relay's measured speed per token against the large model's."""
+    console = Console(stderr=args.json)
+    records = load_gsm8k(args.data)
+    if not 0 <= args.index < len(records):
+        console.print(f"[red]--index {args.index} is out of range: the data has {len(records)} problems[/red]")
+        return 2
+    record, reference = records[args.index], gsm8k_reference_answer(records[args.index])
+    messages = math_messages(record["question"])
+    engine, settings = _load(args, console)
+    alone = settings.model_copy(update={"mode": "large", "verify": False, "speculative": False})
+    runs = [("large alone", alone)] if args.compare else []
+    if not (args.compare and settings.mode == "large"):
+        runs.append((describe_mode(engine, settings), settings))
+    if args.json:
+        results = {name: engine.generate(messages, settings=run) for name, run in runs}
+        print(json.dumps(_demo_json(results, reference), ensure_ascii=False, indent=2))
+        return 0
+    from .render import comparison_table, legend, speedup_sentence
+
+    console.rule("GSM8K question")
+    console.print(record["question"], highlight=False)
+    console.print(legend(engine.large_name, engine.small_name))
+    shown: dict[str, RelayResult] = {}
+    for name, run in runs:
+        console.rule(f"{name} (reference answer: {reference})")
+        shown[name] = _show(engine, messages, run, console)
+    if len(shown) > 1:
+        console.rule("what relay bought on this question")
+        console.print(comparison_table(shown, reference))
+        console.print(speedup_sentence(shown), soft_wrap=True)
+    sys.stdout.flush()
+    return 0
+
+
+def _demo_json(results: dict[str, RelayResult], reference: str) -> dict[str, Any]:
+    runs = {}
+    for name, result in results.items():
+        answer = extract_answer(result.text)
+        runs[name] = result.to_dict() | {"answer": answer, "correct": answers_match(answer, reference)}
+    return {"reference": reference, "runs": runs}

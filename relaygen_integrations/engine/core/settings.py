@@ -1,0 +1,205 @@
+"""The settings of one generation, validated once at the boundary and passed down as one frozen object.
+
+Every entry point (the engine's own methods, both framework adapters, the CLI, the HTTP server, the benchmark) builds
+a :class:`GenerationSettings` through :func:`merge_settings` - defaults, then the caller's configured fields, then the
+call's keyword arguments - so an unknown key or a bad value gets the same typed error, naming the field, wherever it
+comes from, and before any model work starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .cues import CueSet
+from .spans import Mode
+from .verify import VerifyRule, VerifySetting, parse_verify
+
+MODES: tuple[Mode, ...] = ("relay", "large", "small")
+MAX_DRAFT_LIMIT = 64
+DEFAULT_MAX_DRAFT = 6  # self-speculation's draft length for ``speculative=True`` (tuned: docs/benchmarks.md)
+# The other names callers use for a setting: OpenAI's and LangChain's ``max_tokens``, LangChain's ``stop_sequences``.
+ALIASES = {"max_tokens": "max_new_tokens", "stop_sequences": "stop"}
+# torch seeds its generator from a 64-bit integer; a larger seed would fail deep inside torch.
+SEED_LIMIT = 2**63
+
+
+_SHOWN_CHARS = 80  # how much of a bad value an error message quotes
+
+
+def shown(value: Any) -> str:
+    """A bad value as an error message quotes it: its repr, cut short (a 10 MB string must not become the message)."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+class GenerationError(ValueError):
+    """A generation request is invalid (bad settings, messages or prompt ids, prompt too long for the context
+    window, ...). ``field`` names the input at fault where there is one (``"messages[2].content"``, ``"top_p"``)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class SettingsError(GenerationError, TypeError):
+    """A setting is unknown or has a bad value; ``field`` names it. A ``TypeError`` too, as Python raises for an
+    unexpected keyword argument."""
+
+
+class PromptError(GenerationError):
+    """Prompt token ids that no model of the pair can read (not integers, outside the vocabulary); ``field`` names
+    the first bad position (``"prompt_ids[3]"``)."""
+
+
+class SamplingParams(BaseModel):
+    """Validated sampling settings; ``temperature=0`` means greedy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=1)
+    seed: int | None = Field(None, ge=-SEED_LIMIT, lt=SEED_LIMIT)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class GenerationSettings(BaseModel):
+    """What one generation does: length, sampling, stop sequences, who writes, cues and speculation."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    max_new_tokens: Annotated[int, Field(gt=0, strict=True)] = 256
+    # Infinity and NaN are refused: an infinite temperature would turn every distribution uniform without a word.
+    temperature: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] = 1.0
+    top_k: Annotated[int, Field(ge=1, strict=True)] | None = None
+    seed: Annotated[int, Field(ge=-SEED_LIMIT, lt=SEED_LIMIT, strict=True)] | None = None
+    stop: tuple[str, ...] = ()
+    mode: Mode = "relay"
+    cues: CueSet | str | tuple[str, ...] | None = None
+    """The request's own cues (a preset, a profile path, a list); None = the engine's."""
+    speculative: bool | Annotated[int, Field(ge=0, le=MAX_DRAFT_LIMIT, strict=True)] | None = None
+    """Self-speculative decoding: True / False, or a maximum draft length; None = the engine's default."""
+    draft_vocab: Annotated[int, Field(ge=0, strict=True)] | None = None
+    """Speculation: drafts score only the N most frequent tokens (+ special and prompt tokens), which makes a draft
+    step cheaper and changes no output (``engine/local/draft_head.py``); 0 = the whole vocabulary; None = the engine's."""
+    reprefill_segments: bool = False
+    """Baseline only: every segment re-reads the whole sequence, as RelayGen's original serving did."""
+    verify: VerifySetting = None
+    """Verified relay: the large model checks the small model's tokens in its catch-up pass (``engine/core/verify.py``);
+    a spec string ("greedy", "prob:0.05", "ratio:0.1", "+answer" to check the answer too), "off", or None for the
+    engine's default (for the demo pair: the rule its profile ships, see ``docs/benchmarks.md``)."""
+
+    @field_validator("verify", mode="before")
+    @classmethod
+    def _verify_rule(cls, value: Any) -> VerifySetting:
+        return parse_verify(value)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_sequences(cls, value: Any) -> tuple[str, ...]:
+        # A single string is one stop sequence (never its characters); None means none.
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            value = (value,)
+        if not isinstance(value, Sequence):
+            raise ValueError(f"must be a string or a list of strings, got {type(value).__name__}")
+        for stop in value:
+            if not isinstance(stop, str) or not stop:
+                raise ValueError(f"stop sequences must be non-empty strings, got {stop!r}")
+            if "\ufffd" in stop or any(0xD800 <= ord(ch) <= 0xDFFF for ch in stop):
+                raise ValueError(f"stop sequence {stop!r} is not valid UTF-8 text")
+        return tuple(value)
+
+    @field_validator("cues", mode="before")
+    @classmethod
+    def _cue_list(cls, value: Any) -> Any:
+        # Lists become tuples so settings stay hashable and frozen; what they name is resolved by the engine.
+        return tuple(value) if isinstance(value, list) else value
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed)
+
+    def draft_limit(self, default: int) -> int:
+        """The maximum draft length this request asks for: ``False``/0 -> off, ``True`` -> the library's default
+        draft length, an int -> that maximum, None -> ``default`` (the engine's)."""
+        if self.speculative is None:
+            return default
+        if self.speculative is True:
+            return DEFAULT_MAX_DRAFT
+        return int(self.speculative)
+
+
+FIELDS = frozenset(GenerationSettings.model_fields)
+
+
+def merge_settings(*layers: GenerationSettings | Mapping[str, Any] | None) -> GenerationSettings:
+    """Defaults <- each layer in turn (an adapter's configured fields, then the call's keyword arguments). Aliases
+    (``max_tokens``) are mapped; an unknown key or an invalid value raises :class:`SettingsError` naming it."""
+    merged: dict[str, Any] = {}
+    unknown: list[str] = []
+    for layer in layers:
+        if layer is None:
+            continue
+        # A settings object contributes what was set on it (attributes as they are: no dump of a CueSet to a dict).
+        items = (
+            {k: getattr(layer, k) for k in layer.model_fields_set} if isinstance(layer, GenerationSettings) else layer
+        )
+        if not isinstance(items, Mapping):
+            raise SettingsError(f"generation settings must be a mapping of names to values, got {type(items).__name__}")
+        for key, value in items.items():
+            name = ALIASES.get(key, key)
+            if name in FIELDS:
+                merged[name] = value
+            else:
+                unknown.append(str(key))
+    if unknown:
+        raise SettingsError(
+            f"unknown generation setting(s) {sorted(unknown)}; the settings are {sorted(FIELDS | set(ALIASES))}",
+            unknown[0],
+        )
+    try:
+        return GenerationSettings(**merged)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else None
+        value = merged.get(field) if field else None
+        message = str(error["msg"]).replace("Input should", f"{field} should", 1).removeprefix("Value error, ")
+        raise SettingsError(f"invalid setting {field}={shown(value)}: {message}", field) from exc
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """A validated request, ready to run: the prompt ids, the settings, and what the engine resolved from them."""
+
+    prompt_ids: list[int]
+    settings: GenerationSettings
+    max_new_tokens: int  # the request's, clipped to the room left in the context window
+    cues: CueSet  # the request's own, or the engine's when the request names none
+    speculative: int = 0  # maximum draft length of self-speculative decoding; 0 = off
+    verify: VerifyRule | None = None  # the request's rule, or the engine's default; None = off
+
+    @property
+    def mode(self) -> Mode:
+        return self.settings.mode
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.settings.sampling
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        return self.settings.stop
+
+    @property
+    def reprefill_segments(self) -> bool:
+        return self.settings.reprefill_segments

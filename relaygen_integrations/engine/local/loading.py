@@ -1,0 +1,168 @@
+"""Loading a model pair into this process: device choice, safe weight loading, the pair's end-of-generation ids and
+context window, and both models each in its weight format (``weights.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from ..core.pairs import ModelLoadError, check_tokenizers_match, known_pair, load_tokenizer, resolve_reference
+from .weights import PairDTypeSpec, dtype_tag, pick_pair_weights, pick_weights, quantize_linear_int8, shipped_dtype
+
+Loaded = TypeVar("Loaded")
+
+
+class DeviceError(ValueError):
+    """A device that does not exist or that this torch cannot use (``cuda`` on a CPU-only build); ``field`` is
+    ``"device"``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.field = "device"
+
+
+def pick_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto`` (CUDA when present, else the CPU) or a device this torch can use now, checked before any weights
+    load: asking for ``cuda`` on a CPU-only torch is a :class:`DeviceError` naming it, not a failure mid-load."""
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise DeviceError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device, got {device!r}")
+    try:
+        chosen = torch.device(device)
+    except RuntimeError as exc:
+        raise DeviceError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from exc
+    if chosen.type == "cuda":
+        if not torch.cuda.is_available():
+            build = (
+                "without CUDA"
+                if torch.version.cuda is None
+                else f"with CUDA {torch.version.cuda}, but no GPU is visible"
+            )
+            raise DeviceError(f"device {device!r} is not available: this torch ({torch.__version__}) was built {build}")
+        count = torch.cuda.device_count()
+        if chosen.index is not None and chosen.index >= count:
+            raise DeviceError(f"device {device!r} does not exist: this machine has {count} CUDA device(s)")
+    elif chosen.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError(f"device {device!r} is not available on this machine (no Apple MPS backend)")
+    return chosen
+
+
+def load_causal_lm(
+    ref: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+) -> PreTrainedModel:
+    """Loads weights from safetensors only unless ``allow_pickle`` (pickle checkpoints can run code on load)."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            ref,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            use_safetensors=None if allow_pickle else True,
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"could not load a causal LM from {ref!r}: {exc}") from exc
+    return model.to(device).eval()
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """The ids that end a generation: the generation config's (chat models list ``<|im_end|>`` there) + the
+    tokenizer's own eos."""
+    ids: set[int] = set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(int(i) for i in configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def context_window(model: PreTrainedModel) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 0) or 32768)
+
+
+@dataclass
+class LoadedPair:
+    """Two models loaded for one engine, each in its own weight format, with the large model's tokenizer."""
+
+    large: PreTrainedModel
+    small: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    large_name: str
+    small_name: str
+    pair_name: str | None  # the known pair both name ("demo"), else None
+
+
+def load_pair(
+    large: str,
+    small: str,
+    device: torch.device,
+    dtype: PairDTypeSpec = "auto",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+) -> LoadedPair:
+    """Resolves both references (a known pair's roles, local directories, hub ids), checks that their tokenizers
+    agree, and loads each model in its format (``dtype="auto"``: the known pair's shipped formats, else bf16)."""
+    weights = pick_pair_weights(shipped_dtype(known_pair(large, small), device, dtype), device)
+    large_ref, pair = resolve_reference(large, "large", dtype_tag(weights.large.source_dtype))
+    small_ref, small_pair = resolve_reference(small, "small", dtype_tag(weights.small.source_dtype))
+    tokenizer = load_tokenizer(large_ref, trust_remote_code)
+    check_tokenizers_match(tokenizer, load_tokenizer(small_ref, trust_remote_code))
+    models = []
+    for role, ref in (("large", large_ref), ("small", small_ref)):
+        fmt = weights[role]  # type: ignore[index]
+        model = load_causal_lm(ref, fmt.source_dtype, device, trust_remote_code, allow_pickle)
+        models.append(quantize_linear_int8(model) if fmt.quantized else model)
+    return LoadedPair(
+        models[0], models[1], tokenizer,
+        large_name=large if pair is None else f"{pair}:large",
+        small_name=small if small_pair is None else f"{small_pair}:small",
+        pair_name=pair if pair == small_pair else None,
+    )  # fmt: skip
+
+
+def load_model(
+    ref: str, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """One model and its tokenizer (``relaygen serve --single``): a known pair's role (``demo:small``), a local
+    directory or a hub id, in one weight format (see ``weights.pick_weights``)."""
+    torch_device = pick_device(device)
+    weights = pick_weights(dtype, torch_device)
+    reference, _pair = resolve_reference(ref, "large", dtype_tag(weights.source_dtype))
+    model = load_causal_lm(reference, weights.source_dtype, torch_device)
+    return (quantize_linear_int8(model) if weights.quantized else model), load_tokenizer(reference)
+
+
+def pair_key(
+    large: str, small: str, device: str | torch.device, dtype: PairDTypeSpec, options: Mapping[str, Any]
+) -> tuple[Any, ...]:
+    """What one loaded copy of a pair is: both references, the device ``auto`` resolves to, the canonical per-model
+    formats (``"bfloat16"``, ``"bf16"`` and ``auto`` where it means bf16 share one copy), and the loading options
+    given other than at their defaults."""
+    torch_device = pick_device(device)
+    weights = pick_pair_weights(shipped_dtype(known_pair(large, small), torch_device, dtype), torch_device)
+    return (large, small, str(torch_device), weights.name, *sorted(options.items()))
+
+
+_SHARED_PAIRS: dict[tuple[Any, ...], Any] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_pair(key: tuple[Any, ...], load: Callable[[], Loaded]) -> Loaded:
+    """One loaded copy per :func:`pair_key` in this process (``RelayEngine.shared``), loaded on first use; the lock
+    makes two threads asking at once load it once."""
+    with _SHARED_LOCK:
+        if key not in _SHARED_PAIRS:
+            _SHARED_PAIRS[key] = load()
+        return _SHARED_PAIRS[key]

@@ -1,0 +1,43 @@
+"""Next-token selection: greedy, or seeded sampling through transformers' logits processors."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from ..core.settings import SamplingParams
+
+__all__ = ["Sampler", "SamplingParams"]
+
+
+class Sampler:
+    """Turns one position's logits into a token id. One sampler per request: it owns the request's RNG, so a seed
+    reproduces the run regardless of what other requests did before."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.processors = LogitsProcessorList()
+        self.generator: torch.Generator | None = None
+        if not params.greedy:
+            self.processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k is not None:
+                self.processors.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1.0:
+                self.processors.append(TopPLogitsWarper(params.top_p))
+            self.generator = torch.Generator(device="cpu")
+            if params.seed is not None:
+                self.generator.manual_seed(params.seed)
+            else:
+                self.generator.seed()
+
+    def probabilities(self, logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
+        """The distribution sampling draws from (after temperature / top-k / top-p), as float32 on the CPU."""
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        scores = self.processors(input_ids, logits.detach().float().cpu()[None, :])
+        return torch.softmax(scores, dim=-1)[0]
+
+    def __call__(self, logits: torch.Tensor, ids: list[int]) -> int:
+        if self.params.greedy:
+            return int(torch.argmax(logits))
+        probs = self.probabilities(logits, ids)
+        return int(torch.multinomial(probs, num_samples=1, generator=self.generator))

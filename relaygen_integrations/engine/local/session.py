@@ -1,0 +1,128 @@
+"""The local backend's token source: two :class:`ModelRunner` s, a sampler and, for the large model with speculation
+on, a drafter. ``drive`` (``engine/core/loop.py``) runs it like any other backend's session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core.settings import MAX_DRAFT_LIMIT
+from ..core.spans import ModelRole
+from ..core.transcript import BackendUsage, Fed, Transcript
+from .runner import ModelRunner
+from .sampling import Sampler
+from .speculative import DEFAULT_DRAFT_CONFIDENCE, DraftLength, SpeculationStats, speculative_step
+
+
+@dataclass
+class Speculation:
+    """Per-request speculative-decoding state: the adaptive draft length, the confidence below which a draft stops,
+    and the acceptance counters."""
+
+    length: DraftLength
+    min_confidence: float = DEFAULT_DRAFT_CONFIDENCE
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+
+
+class LocalSession:
+    """Tokens from in-process models: one decode step of the writer, or - for the large model with speculation on -
+    one draft-and-verify round with the small model (lossless).
+
+    ``reprefill_segments`` emulates RelayGen's original serving (each segment a fresh API call without prefix
+    caching): the model taking over forgets its cache and re-reads prompt + text so far. A baseline, never faster.
+    """
+
+    def __init__(
+        self,
+        runners: dict[ModelRole, ModelRunner],
+        transcript: Transcript,
+        sampler: Sampler,
+        reuse_prefix: bool = True,
+        reprefill_segments: bool = False,
+        speculation: Speculation | None = None,
+    ) -> None:
+        self.runners = runners
+        self.transcript = transcript
+        self.sampler = sampler
+        self.reprefill_segments = reprefill_segments
+        self.speculation = speculation
+        self.pending: int | None = None
+        prompt_ids = transcript.ids[: transcript.prompt_len]
+        # Positions the request may reach: its budget plus a draft beyond it (sizes a static cache once).
+        expected_len = transcript.prompt_len + (transcript.max_new_tokens or 0) + MAX_DRAFT_LIMIT + 1
+        for role, runner in runners.items():
+            runner.begin_request(
+                prompt_ids,
+                reuse_prefix,
+                lambda start, end, role=role: transcript.account_forward(role, start, end),
+                expected_len=expected_len,
+            )
+
+    def verify(self) -> None:
+        """Scores the pending small-model run with the large model in one pass (its catch-up pass when the large
+        model writes next) and cuts the transcript at the first token the rule rejects. The large model's own token
+        at that position, sampled from the same row, is what it writes next."""
+        transcript, large = self.transcript, self.runners["large"]
+        rule = transcript.verify
+        assert rule is not None
+        start, end = transcript.pending_run()
+        first = transcript.prompt_len + start
+        ids = transcript.ids
+        rows = large.score(ids, first)  # rows[j] predicts ids[first + j]; the last row follows the whole sequence
+        rejected = rule.first_rejected(rows[: end - start], ids[first : transcript.prompt_len + end])
+        if rejected is None:
+            transcript.accept_run()
+            return
+        row = rows[rejected]
+        transcript.reject_from(start + rejected)
+        for runner in self.runners.values():
+            runner.sync_to(transcript.ids)  # both caches back to the kept sequence
+        self.pending = self.sampler(row, transcript.ids)
+
+    def next_tokens(self, writer: ModelRole) -> list[int]:
+        if self.pending is not None:
+            token, self.pending = self.pending, None  # the large model's choice where it rejected the small one
+            return [token]
+        ids = self.transcript.ids
+        if self.speculation is not None and writer == "large":
+            # Draft-and-verify: several tokens, each the large model's own choice; whatever follows a switch is
+            # discarded by the transcript (and cropped from the caches in after_feed).
+            budget = (self.transcript.max_new_tokens or 1 << 30) - self.transcript.completion_tokens
+            return speculative_step(
+                self.runners["large"], self.runners["small"], ids, self.sampler, self.speculation.length, budget,
+                self.transcript.eos_ids, self.speculation.stats, self.speculation.min_confidence,
+            )  # fmt: skip
+        return [self.sampler(self.runners[writer].logits_for(ids), ids)]
+
+    def after_feed(self, fed: Fed) -> None:
+        # A rolled-back look-ahead token never reached a cache without speculation (a token is forwarded only when
+        # the next one is generated), so dropping it from the transcript's ids is the whole rollback.
+        if fed.decision.action != "continue" and self.reprefill_segments:
+            self.runners[fed.decision.to_model].reset()  # type: ignore[index]
+        if self.speculation is not None:
+            for runner in self.runners.values():
+                runner.sync_to(self.transcript.ids)  # drop rejected drafts and a discarded tail from both caches
+
+    def close(self, failed: bool) -> None:
+        for runner in self.runners.values():
+            if failed:
+                # A failed forward pass may leave a cache half-written: forget both caches rather than trust them.
+                runner.reset()
+            runner.on_forward = None
+
+    def usage(self) -> BackendUsage:
+        stats = self.speculation.stats if self.speculation else SpeculationStats()
+        seconds = {role: runner.stats.forward_seconds for role, runner in self.runners.items()}
+        return BackendUsage(
+            reused_prefix_tokens=sum(r.stats.reused_tokens for r in self.runners.values()),
+            speculative_rounds=stats.rounds,
+            draft_tokens=stats.drafted,
+            accepted_draft_tokens=stats.accepted,
+            large_forward_seconds=seconds.get("large", 0.0),
+            small_forward_seconds=seconds.get("small", 0.0),
+            time_split={
+                f"{role}.{kind}": spent
+                for role, runner in self.runners.items()
+                for kind, spent in runner.stats.seconds_by_kind.items()
+            },
+        )

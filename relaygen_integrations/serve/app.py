@@ -1,0 +1,243 @@
+"""OpenAI-compatible HTTP servers (FastAPI): ``relaygen serve`` (here) and ``relaygen serve --single``
+(``serve/single.py``).
+
+* :func:`create_app` serves a relay engine (local or remote) as ``POST /v1/chat/completions`` (JSON or SSE streaming)
+  and ``GET /v1/models``. Responses carry the usual ``usage`` (plus ``large_tokens``/``small_tokens``) and a
+  ``relaygen`` field with the spans and per-model counts (``RelayResult.relay_metadata()``); streamed chunks name the
+  model that wrote them.
+* :func:`create_single_app` serves ONE model as a plain completion server, ``POST /v1/completions`` with a text or
+  token-id prompt, the way vLLM does: stop strings are dropped from the text and reported as ``stop_reason``, and
+  ``"return_token_ids": true`` returns every generated id (the tokens of a matched stop string and the eos included).
+  It is the counterpart ``RelayEngine.from_endpoints`` talks to, and it keeps a prefix cache like vLLM's: a request
+  that extends the previous one forward-passes only the new tokens.
+
+Both accept an optional API key (``Authorization: Bearer KEY``; anything else gets 401). Import this module only to
+serve: it needs the ``serve`` extra (``pip install 'relaygen-integrations[serve]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..chat.relay_chat import ChatDelta, astream_chat, prepare_chat
+from ..chat.tool_calls import ToolCall
+from ..engine.core.settings import GenerationSettings, SettingsError, merge_settings
+from ..engine.core.spans import Mode, RelayResult
+from ..engine.engine import RelayEngine
+from .http import (
+    CLIENT_CLOSED_REQUEST,
+    LOOPBACK_HOSTS,
+    SSE_DONE,
+    ClientDisconnected,
+    error_kind,
+    error_response,
+    models_response,
+    new_app,
+    run_server,
+    sse,
+    unless_disconnected,
+)
+from .single import create_single_app
+
+__all__ = ["LOOPBACK_HOSTS", "create_app", "create_single_app", "run_server"]
+
+_FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "cancelled": "stop"}
+# The most tokens one request may ask for unless the server is started with another cap (--max-tokens-cap): without
+# a cap, a max_tokens of 10**30 runs to the end of the context window.
+DEFAULT_MAX_TOKENS_CAP = 4096  # the CLI's --max-tokens-cap default repeats it (cli/serve.py)
+
+
+# -- relay chat completions -------------------------------------------------------------------------------------------
+class ChatCompletionRequest(BaseModel):
+    """The OpenAI chat-completions fields the relay understands; other OpenAI fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    messages: list[dict[str, Any]]
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: int = 1
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    mode: Mode = "relay"
+    verify: str | None = None  # relaygen extension: verified relay ("greedy", "prob:0.05", ...), local engines only
+
+
+def _chat_settings(body: ChatCompletionRequest, max_tokens_cap: int) -> GenerationSettings:
+    """Engine settings: only what the request gives, so the engine's defaults (greedy, 256 tokens) apply otherwise;
+    ``max_tokens`` above the server's cap is refused, naming both."""
+    if body.n != 1:
+        raise SettingsError(f"n must be 1: one relay generation per request, got n={body.n}", "n")
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    if max_tokens is not None and max_tokens > max_tokens_cap:
+        field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        raise SettingsError(
+            f"{field}={max_tokens} is more than this server's cap of {max_tokens_cap} tokens per request "
+            "(relaygen serve --max-tokens-cap)",
+            field,
+        )
+    if max_tokens is None and GenerationSettings().max_new_tokens > max_tokens_cap:
+        max_tokens = max_tokens_cap
+    given = {"max_new_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed}
+    settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
+    if body.top_k is not None and body.top_k > 0:  # vLLM's "-1 = off" convention
+        settings["top_k"] = body.top_k
+    return merge_settings(settings, {"mode": body.mode, "stop": body.stop or None, "verify": body.verify})
+
+
+def _tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
+    }
+    return data if index is None else {"index": index, **data}
+
+
+def _chat_usage(result: RelayResult) -> dict[str, Any]:
+    usage = result.usage
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "large_tokens": usage.large_tokens,
+        "small_tokens": usage.small_tokens,
+    }
+
+
+def _finish_reason(delta: ChatDelta) -> str:
+    assert delta.result is not None and delta.parsed is not None
+    return "tool_calls" if delta.parsed.tool_calls else _FINISH_REASONS[delta.result.finish_reason]
+
+
+def create_app(
+    engine: RelayEngine,
+    served_model_name: str = "relaygen",
+    api_key: str | None = None,
+    max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
+) -> FastAPI:
+    """An OpenAI-compatible chat server over ``engine`` (local or ``RelayEngine.from_endpoints``). A request may ask
+    for at most ``max_tokens_cap`` new tokens; a client that disconnects stops its generation within one step."""
+    if isinstance(max_tokens_cap, bool) or not isinstance(max_tokens_cap, int) or max_tokens_cap < 1:
+        raise ValueError(f"max_tokens_cap must be a positive number of tokens, got {max_tokens_cap!r}")
+    app = new_app("relaygen", api_key)
+
+    @app.get("/v1/models")
+    def models() -> dict[str, Any]:
+        return models_response(
+            served_model_name, {"relaygen": {"large": engine.large_name, "small": engine.small_name}}
+        )
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, http: Request) -> Response:
+        try:
+            request = prepare_chat(
+                body.messages,
+                _chat_settings(body, max_tokens_cap),
+                tools=body.tools,
+                tool_choice=body.tool_choice,
+                chat_template_kwargs=body.chat_template_kwargs,
+                response_format=body.response_format,
+            )
+            deltas = astream_chat(engine, request)
+            # The first delta arrives once the request is validated and the first token is written: an error up to
+            # here is still a proper HTTP status, not an error inside a 200 stream.
+            first = await unless_disconnected(deltas.__anext__(), http)
+            if not body.stream:
+                # Nothing is sent until the end, so only the connection tells whether anyone still waits: a client
+                # that left cancels the generation (it stops within one step) instead of keeping the engine busy.
+                final = await unless_disconnected(_last_delta(first, deltas), http)
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except Exception as exc:
+            status, kind = error_kind(exc)
+            return error_response(status, str(exc), kind)
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        if body.stream:
+            # A streaming client that leaves is noticed by the response itself, which cancels the generator.
+            return StreamingResponse(
+                _chatsse(first, deltas, completion_id, created, served_model_name), media_type="text/event-stream"
+            )
+        assert final.result is not None and final.parsed is not None
+        parsed, result = final.parsed, final.result
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if parsed.tool_calls:
+            message["tool_calls"] = [_tool_call_json(call) for call in parsed.tool_calls]
+            message["content"] = parsed.content or None
+        return JSONResponse(
+            {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": served_model_name,
+                "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(final)}],
+                "usage": _chat_usage(result),
+                "relaygen": result.relay_metadata(),
+            }
+        )
+
+    return app
+
+
+async def _last_delta(first: ChatDelta, deltas: AsyncIterator[ChatDelta]) -> ChatDelta:
+    final = first
+    async for delta in deltas:
+        final = delta
+    return final
+
+
+async def _chatsse(
+    first: ChatDelta, deltas: AsyncIterator[ChatDelta], completion_id: str, created: int, model: str
+) -> AsyncIterator[str]:
+    def chunk(delta: Mapping[str, Any], finish: str | None = None, **extra: Any) -> str:
+        choice = {"index": 0, "delta": dict(delta), "finish_reason": finish}
+        base = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        return sse({**base, "choices": [choice], **extra})
+
+    async def all_deltas() -> AsyncIterator[ChatDelta]:
+        yield first
+        async for delta in deltas:
+            yield delta
+
+    yield chunk({"role": "assistant", "content": ""})
+    tool_index = 0
+    try:
+        async for delta in all_deltas():
+            where = {"model": delta.model, "span_index": delta.span_index}
+            if delta.result is not None:
+                extra = {"usage": _chat_usage(delta.result), "relaygen": delta.result.relay_metadata()}
+                yield chunk({}, _finish_reason(delta), **extra)
+            elif delta.switch is not None:
+                switch = delta.switch
+                event = {"from": switch.from_model, "to": switch.to_model, "trigger": switch.trigger}
+                yield chunk({}, relaygen={**where, "switch": {**event, "char_offset": switch.char_offset}})
+            elif isinstance(delta.tool_call, ToolCall):
+                yield chunk({"tool_calls": [_tool_call_json(delta.tool_call, tool_index)]}, relaygen=where)
+                tool_index += 1
+            elif delta.text:
+                yield chunk({"content": delta.text}, relaygen=where)
+    except Exception as exc:  # the 200 status is sent already: report in the stream, as vLLM does
+        status, kind = error_kind(exc)
+        yield sse({"error": {"message": str(exc), "type": kind, "code": status}})
+    yield SSE_DONE
+
+
+# -- one model: plain completions -----------------------------------------------------------------------------------
