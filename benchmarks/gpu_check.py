@@ -62,8 +62,8 @@ def timed(device: torch.device, fn: Callable[[], object]) -> float:
 
 def decode_ms(model: torch.nn.Module, device: torch.device, steps: int, variant: str) -> float:
     """Median ms per one-token step after a 256-token prefill, for ``eager`` / ``static`` / ``compiled``. The static
-    variants use the engine's own block-rounded cache size and compiled step (``engine/local/kv.py``), so the engine runs
-    below find the compiled graph in inductor's cache instead of compiling it again."""
+    variants use the engine's own block-rounded cache size and compiled step (``engine/local/kv.py``), so the engine
+    runs below find the compiled graph in inductor's cache instead of compiling it again."""
     from relaygen_integrations.engine.local.kv import DEFAULT_BLOCK, capacity, compile_decode_step
 
     prompt = torch.randint(1000, 20000, (1, 256), device=device)

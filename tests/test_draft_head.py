@@ -60,14 +60,14 @@ def test_drafts_propose_only_subset_and_prompt_tokens_and_a_twin_is_rejected_onl
     prompt_ids = engine.encode_messages(MESSAGES)
     large = engine.backend.runners["large"]
     rounds: list[tuple[list[int], list[int]]] = []  # (draft, the large model's choice after each draft prefix)
-    verify = large.verify
+    check_draft = large.check_draft
 
     def recording(ids: list[int], draft: list[int]) -> torch.Tensor:
-        logits = verify(ids, draft)
+        logits = check_draft(ids, draft)
         rounds.append((list(draft), torch.argmax(logits, dim=-1).tolist()))
         return logits
 
-    large.verify = recording  # type: ignore[method-assign]
+    large.check_draft = recording  # type: ignore[method-assign]
     result = engine.generate_ids(prompt_ids, max_new_tokens=40, mode="large", speculative=6)
     allowed = set(range(VOCAB)) | set(prompt_ids) | set(tokenizer.all_special_ids)
     assert rounds and all(set(draft) <= allowed for draft, _ in rounds)

@@ -30,7 +30,7 @@ from llama_index.core.tools import FunctionTool
 from llama_index_events import Collector
 from transformers import PreTrainedTokenizerBase
 
-import relaygen_integrations.engine.engine as engine_module
+import relaygen_integrations.engine.local.loading as loading_module
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.chat.tool_calls import forced_prefix
 from relaygen_integrations.engine.core.prompt import render_prompt_ids, render_prompt_text
@@ -86,7 +86,7 @@ def test_construction_is_lazy_and_equal_configs_share_one_engine(monkeypatch, to
         loads.append((large, small, kwargs))
         return make_engine(tokenizer, BASIC)
 
-    monkeypatch.setattr(engine_module, "_SHARED_ENGINES", {})
+    monkeypatch.setattr(loading_module, "_SHARED_PAIRS", {})
     monkeypatch.setattr(RelayEngine, "from_pretrained", classmethod(fake_from_pretrained))
 
     first = RelayLLM(large="some/large", small="some/small", cues=["So "])
@@ -112,7 +112,7 @@ async def test_async_first_use_loads_off_the_event_loop(monkeypatch, tokenizer):
         loader_threads.append(threading.current_thread())
         return make_engine(tokenizer, BASIC)
 
-    monkeypatch.setattr(engine_module, "_SHARED_ENGINES", {})
+    monkeypatch.setattr(loading_module, "_SHARED_PAIRS", {})
     monkeypatch.setattr(RelayEngine, "from_pretrained", classmethod(fake_from_pretrained))
     response = await RelayLLM(large="a", small="b", max_tokens=100).achat(USER)
     assert response.message.content == BASIC_RELAY

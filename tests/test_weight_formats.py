@@ -170,10 +170,10 @@ def test_a_bad_per_model_format_names_the_part(spec, message):
 
 
 def test_shared_engines_key_on_the_canonical_combination(monkeypatch):
-    from relaygen_integrations.engine import engine as engine_module
+    from relaygen_integrations.engine.local import loading
 
     loads: list[object] = []
-    monkeypatch.setattr(engine_module, "_SHARED_ENGINES", {})
+    monkeypatch.setattr(loading, "_SHARED_PAIRS", {})
     monkeypatch.setattr(RelayEngine, "from_pretrained", classmethod(lambda cls, **kw: loads.append(kw) or object()))
     first = RelayEngine.shared("a", "b", dtype="bf16/int8")
     assert RelayEngine.shared("a", "b", dtype={"large": "bfloat16", "small": "int8"}) is first

@@ -55,7 +55,9 @@ class BenchConfig(BaseModel):
     dtype: str = "bf16"
     kv_cache: KVCacheKind = "auto"  # the engine's KV cache: dynamic (default), static; compile implies static
     compile: bool = False  # compiled one-token decode steps (engine/local/kv.py)
-    draft_vocab: int | None = Field(None, ge=1)  # speculative drafts score this many tokens (engine/local/draft_head.py)
+    draft_vocab: int | None = Field(
+        None, ge=1
+    )  # speculative drafts score this many tokens (engine/local/draft_head.py)
     max_new_tokens: int = Field(768, ge=1)
     temperature: float = 0.0
     seed: int | None = 0

@@ -1,4 +1,7 @@
-"""The fields both framework adapters expose, declared once: which pair to load and the default generation settings.
+"""The fields both framework adapters expose: which pair to load and the default generation settings.
+
+The generation settings are not declared here: they are GenerationSettings' own fields (``setting_fields.py``), with
+the few differences an adapter needs named in one mapping below, so a new setting is a field of both adapters at once.
 
 ``RelayChatModel`` (LangChain) and ``RelayLLM`` (LlamaIndex) inherit :class:`RelayModelFields` next to their
 framework's base class. The engine loads lazily through ``RelayEngine.shared``, keyed by the weights alone (pair,
@@ -10,26 +13,49 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, field_validator
+from pydantic import AliasChoices, Field, PrivateAttr, field_validator
 
-from ..engine.core.spans import Mode
+from ..engine.core.settings import GenerationSettings
+from .setting_fields import settings_model
 
 if TYPE_CHECKING:
     from ..engine.engine import RelayEngine
 
+# Where the adapters' setting fields differ from GenerationSettings, and why; every other setting is a field of its
+# own name, type, default, bounds and description (``setting_fields.settings_model``).
+NOT_FIELDS = frozenset({"reprefill_segments"})  # a benchmark baseline (``relaygen bench`` sets it), not a model option
+FIELD_NAMES = {"max_new_tokens": "max_tokens"}  # the name LangChain and LlamaIndex models use; both are accepted
+_DIFFER: dict[str, dict[str, Any]] = {
+    "max_new_tokens": {"validation_alias": AliasChoices("max_tokens", "max_new_tokens")},
+    # A list in the model's configuration, None for none (a single string becomes one stop sequence, below).
+    "stop": {
+        "annotation": list[str] | None,
+        "default": None,
+        "validation_alias": AliasChoices("stop", "stop_sequences"),
+    },
+    # What a caller writes - a preset, a profile path or a list of cues; a rule's spec string - which the engine
+    # resolves per request (into a CueSet, a VerifyRule), where the engine's own types would need an object here.
+    "cues": {"annotation": str | list[str] | None},
+    "verify": {"annotation": str | None},
+}
+# Each setting the adapters configure, by the name of its field.
+ADAPTER_SETTINGS = {
+    FIELD_NAMES.get(name, name): name for name in GenerationSettings.model_fields if name not in NOT_FIELDS
+}
 
-class RelayModelFields(BaseModel):
-    """Pair, device and generation defaults shared by both adapters (each call's keyword arguments override them)."""
+SettingFields = settings_model("SettingFields", exclude=NOT_FIELDS, rename=FIELD_NAMES, differ=_DIFFER)
+
+
+class RelayModelFields(SettingFields):  # type: ignore[misc,valid-type]
+    """Pair, device and generation defaults shared by both adapters (each call's keyword arguments override them).
+
+    The generation settings (``temperature``, ``max_tokens``, ``stop``, ``speculative``, ...) are inherited from
+    :data:`SettingFields`, built from GenerationSettings."""
 
     large: str = Field(
         default="demo", description="Large model: a known pair name ('demo'), a local directory or a hub id."
     )
     small: str = Field(default="demo", description="Small model (same tokenizer as the large one).")
-    cues: str | list[str] | None = Field(
-        default=None,
-        description="Switch cues: a preset, a profile path or a list; None = the engine's (the calibrated profile of a "
-        "known pair, else the generic preset).",
-    )
     device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     dtype: str = Field(
         default="auto",
@@ -40,44 +66,10 @@ class RelayModelFields(BaseModel):
         default=False,
         description="Compile each model's one-token decode step over a static KV cache (CUDA graphs on a GPU).",
     )
-    temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy.")
-    max_tokens: int = Field(
-        default=256,
-        gt=0,
-        validation_alias=AliasChoices("max_tokens", "max_new_tokens"),
-        description="Most new tokens per call.",
-    )
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, gt=0)
-    seed: int | None = Field(default=None, description="Seed for sampling (temperature > 0).")
-    stop: list[str] | None = Field(
-        default=None,
-        validation_alias=AliasChoices("stop", "stop_sequences"),
-        description="Stop strings (they hold across a switch too).",
-    )
-    mode: Mode = Field(default="relay", description="'relay', or one model alone through the same loop (baselines).")
-    speculative: bool | int | None = Field(
-        default=None,
-        description="The small model drafts for the large model's tokens (same greedy output); an int bounds the "
-        "adaptive draft length; None = the engine's default (for the demo pair, what its profile ships).",
-    )
-    draft_vocab: int | None = Field(
-        default=None,
-        ge=0,
-        description="Speculation: drafts score only the N most frequent tokens (+ special and prompt tokens) - cheaper "
-        "drafts, same output; 0 = the whole vocabulary; None = the engine's default.",
-    )
-
     raw_markup: bool = Field(
         default=False,
         description="Whether control-token strings in messages (e.g. '<|im_end|>') become real tokens. By default they "
         "are text, so a message cannot open a turn of its own; True only for messages that really hold chat markup.",
-    )
-    verify: str | None = Field(
-        default=None,
-        description="Verified relay: the large model checks the small model's tokens in its catch-up pass and rewrites "
-        "from the first it rejects - 'greedy', 'prob:TAU', 'ratio:TAU' ('+answer' also checks the answer), or "
-        "'off'. None = the engine's default: for the demo pair, the rule its profile ships.",
     )
 
     _engine: RelayEngine | None = PrivateAttr(default=None)
@@ -89,25 +81,9 @@ class RelayModelFields(BaseModel):
         return [value] if isinstance(value, str) else value
 
     def settings_layer(self) -> dict[str, Any]:
-        """The configured generation settings, as the layer below a call's keyword arguments."""
-        layer: dict[str, Any] = {
-            "max_new_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "seed": self.seed,
-            "stop": self.stop,
-            "mode": self.mode,
-        }
-        if self.speculative is not None:
-            layer["speculative"] = self.speculative
-        if self.cues is not None:
-            layer["cues"] = self.cues
-        if self.verify is not None:
-            layer["verify"] = self.verify
-        if self.draft_vocab is not None:
-            layer["draft_vocab"] = self.draft_vocab
-        return layer
+        """The configured generation settings, as the layer below a call's keyword arguments (a None is the
+        setting's "unset": the engine's default, as merge_settings reads it too)."""
+        return {setting: getattr(self, field) for field, setting in ADAPTER_SETTINGS.items()}
 
     def load_engine(self) -> RelayEngine:
         """The engine handed to the constructor, or the shared one for this pair (loaded on first use)."""

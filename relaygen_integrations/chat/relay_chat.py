@@ -46,6 +46,9 @@ class ChatDelta:
 
 @dataclass(frozen=True)
 class ChatRequest:
+    """One chat turn, as :func:`prepare_chat` builds it: its messages and tools are checked already, and the engine
+    renders them without checking them again (``RelayEngine.encode_messages(..., checked=True)``)."""
+
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     prefix: str | None
@@ -184,31 +187,27 @@ def _assembler(request: ChatRequest) -> ChatStreamAssembler:
     return ChatStreamAssembler(request.prefix, tool_names(request.tools) if request.tools else ())
 
 
+def _prompt_ids(engine: RelayEngine, request: ChatRequest) -> list[int]:
+    # prepare_chat checked the messages and tools: the engine renders them without checking them a second time.
+    return engine.encode_messages(
+        request.messages,
+        request.tools,
+        request.chat_template_kwargs,
+        request.prefix,
+        raw_markup=request.raw_markup,
+        checked=True,
+    )
+
+
 def stream_chat(engine: RelayEngine, request: ChatRequest, cancel: Any = None) -> Iterator[ChatDelta]:
     assembler = _assembler(request)
-    events = engine.stream(
-        request.messages,
-        tools=request.tools,
-        chat_template_kwargs=request.chat_template_kwargs,
-        assistant_prefix=request.prefix,
-        raw_markup=request.raw_markup,
-        cancel=cancel,
-        settings=request.settings,
-    )
-    for event in events:
+    for event in engine.stream_ids(_prompt_ids(engine, request), cancel, request.settings):
         yield from assembler.on_event(event)
 
 
 async def astream_chat(engine: RelayEngine, request: ChatRequest) -> AsyncIterator[ChatDelta]:
     assembler = _assembler(request)
-    events = engine.astream(
-        request.messages,
-        tools=request.tools,
-        chat_template_kwargs=request.chat_template_kwargs,
-        assistant_prefix=request.prefix,
-        raw_markup=request.raw_markup,
-        settings=request.settings,
-    )
+    events = engine.astream_plan(engine.plan(_prompt_ids(engine, request), request.settings))
     async for event in events:
         for delta in assembler.on_event(event):
             yield delta

@@ -34,6 +34,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         "--draft-vocab", type=int, default=None, metavar="N",
         help="speculative drafts score the N most frequent tokens only (+ special and prompt tokens); lossless",
     )  # fmt: skip
+    # Hand-written, not built from GenerationSettings: a benchmark fixes only what every mode shares (budget,
+    # temperature, the draft vocabulary), with defaults of its own; the other settings (speculation, verify, cues,
+    # reprefill) are what its modes differ in, so --modes names them (relay-spec, relay+verify@RULE, relay@CUES).
     parser.add_argument("--max-new-tokens", type=int, default=768)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/latest"))

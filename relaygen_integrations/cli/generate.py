@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    # The setting flags stay hand-written, unlike the adapters' and the server's fields (built from
+    # GenerationSettings): a flag has a command's own default (512 tokens here, "auto" cues), argparse forms
+    # GenerationSettings does not describe (--speculative with an optional K, a repeatable --stop, a comma list of
+    # cues) and help text for a terminal. Their values still go through merge_settings, which checks every one.
     parser.add_argument("--large", default="demo", help="known pair name, hub id or local dir (default: demo)")
     parser.add_argument("--small", default="demo", help="known pair name, hub id or local dir (default: demo)")
     parser.add_argument("--cues", default="auto", help="auto | qwen3 | r1 | generic | none | comma list | profile.json")

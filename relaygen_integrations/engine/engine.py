@@ -24,7 +24,7 @@ from .core.guard import EngineBusyError, RequestLock, check_prompt_ids, policy_c
 from .core.loop import drive
 from .core.pairs import reasoning_end_marker
 from .core.policy import PolicyConfig, RelayPolicy
-from .core.prompt import render_prompt_ids
+from .core.prompt import chat_of_checked, render_chat_ids, render_prompt_ids
 from .core.settings import (
     GenerationError,
     GenerationPlan,
@@ -257,10 +257,16 @@ class RelayEngine:
         assistant_prefix: str | None = None,
         *,
         raw_markup: bool = False,
+        checked: bool = False,
     ) -> list[int]:
         """Prompt ids of a chat (validated first: ``MessageError`` / ``ToolSchemaError`` name what is wrong).
         Control-token strings in the messages are encoded as text; ``raw_markup=True`` makes them tokens, for a
-        caller who really passes chat markup."""
+        caller who really passes chat markup. ``checked=True``: the caller checked the messages and tools already
+        (``validate_messages`` / ``validate_tools``, as the chat layer's ``prepare_chat`` does), so a request is
+        checked once; the template variables (they need this tokenizer) and the prefix are checked here either way."""
+        if checked:
+            chat = chat_of_checked(self.tokenizer, messages, tools, chat_template_kwargs, assistant_prefix)
+            return render_chat_ids(self.tokenizer, chat, raw_markup=raw_markup)
         return render_prompt_ids(
             self.tokenizer, messages, tools, chat_template_kwargs, assistant_prefix, raw_markup=raw_markup
         )

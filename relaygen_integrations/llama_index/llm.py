@@ -39,7 +39,7 @@ from llama_index.core.llms.llm import ToolSelection
 from ..chat.model_fields import RelayModelFields
 from ..chat.relay_chat import ChatRequest, astream_chat, prepare_chat, stream_chat
 from ..engine.core.prompt import MessageError, check_text
-from ..engine.core.settings import GenerationSettings, merge_settings, shown
+from ..engine.core.settings import KEYS, GenerationSettings, merge_settings, shown
 from ..engine.core.spans import StreamEvent
 from .events import ChatTurn, CompletionTurn, last_response
 from .events import RelaySwitchEvent as RelaySwitchEvent
@@ -54,13 +54,6 @@ if TYPE_CHECKING:
     from ..engine.engine import RelayEngine
 
 logger = logging.getLogger(__name__)
-
-# Per-call keyword arguments that override the LLM's generation settings; anything else LlamaIndex passes through
-# (it forwards whatever a caller gives chat_with_tools) is ignored, as other LlamaIndex LLMs do.
-_SETTING_KEYS = (
-    "max_tokens", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "mode", "speculative", "cues",
-    "verify", "draft_vocab",
-)  # fmt: skip
 
 
 # -- the LLM ------------------------------------------------------------------------------------------------------
@@ -129,9 +122,10 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
 
     # -- request building --------------------------------------------------------------------------------------
     def _settings(self, overrides: Mapping[str, Any]) -> GenerationSettings:
-        """The fields, overridden by the call's generation keywords (given, not None); LlamaIndex passes other
-        keywords through (e.g. ``tool_required``), which are not generation settings."""
-        given = {key: overrides[key] for key in _SETTING_KEYS if overrides.get(key) is not None}
+        """The fields, overridden by the call's generation keywords (given, not None: any key merge_settings takes);
+        anything else LlamaIndex passes through (it forwards whatever a caller gives chat_with_tools, e.g.
+        ``tool_required``) is not a generation setting and is ignored, as other LlamaIndex LLMs do."""
+        given = {key: value for key, value in overrides.items() if key in KEYS and value is not None}
         return merge_settings(self.settings_layer(), given)
 
     def _chat_request(self, messages: Sequence[ChatMessage], kwargs: Mapping[str, Any]) -> ChatRequest:

@@ -25,12 +25,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from ..chat.relay_chat import ChatDelta, astream_chat, prepare_chat
+from ..chat.setting_fields import settings_model
 from ..chat.tool_calls import ToolCall
 from ..engine.core.settings import GenerationSettings, SettingsError, merge_settings
-from ..engine.core.spans import Mode, RelayResult
+from ..engine.core.spans import RelayResult
 from ..engine.engine import RelayEngine
 from .http import (
     CLIENT_CLOSED_REQUEST,
@@ -56,8 +57,29 @@ DEFAULT_MAX_TOKENS_CAP = 4096  # the CLI's --max-tokens-cap default repeats it (
 
 
 # -- relay chat completions -------------------------------------------------------------------------------------------
-class ChatCompletionRequest(BaseModel):
-    """The OpenAI chat-completions fields the relay understands; other OpenAI fields are accepted and ignored."""
+# Where the request's setting fields differ from GenerationSettings, and why; every other setting is a request field
+# of its own name and type, default None (the engine's default applies), its value checked by merge_settings alone so
+# a bad one is the engine's SettingsError naming the setting (a 400).
+OPENAI_NAMED = frozenset({"max_new_tokens"})  # OpenAI's max_tokens / max_completion_tokens, capped: fields below
+NOT_OVER_HTTP = frozenset(
+    {
+        "cues",  # a profile path would make the server read files of its own disk for any client
+        "reprefill_segments",  # a benchmark baseline (relaygen bench), not a way to serve
+    }
+)
+_JSON_TYPES: dict[str, dict[str, Any]] = {
+    "stop": {"annotation": str | list[str] | None},  # OpenAI's: one string or a list
+    "verify": {"annotation": str | None},  # the rule's spec string ("greedy", "prob:0.05"); the engine parses it
+}
+RequestSettings = settings_model(
+    "RequestSettings", exclude=OPENAI_NAMED | NOT_OVER_HTTP, differ=_JSON_TYPES, bounds=False, default=None
+)
+
+
+class ChatCompletionRequest(RequestSettings):  # type: ignore[misc,valid-type]
+    """The OpenAI chat-completions fields the relay understands; other OpenAI fields are accepted and ignored. The
+    generation settings (``temperature``, ``top_p``, ``stop``, ``mode``, ``speculative``, relaygen's ``verify``, ...)
+    are inherited from :data:`RequestSettings`, built from GenerationSettings."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -65,19 +87,12 @@ class ChatCompletionRequest(BaseModel):
     messages: list[dict[str, Any]]
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
     stream: bool = False
     n: int = 1
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    mode: Mode = "relay"
-    verify: str | None = None  # relaygen extension: verified relay ("greedy", "prob:0.05", ...), local engines only
 
 
 def _chat_settings(body: ChatCompletionRequest, max_tokens_cap: int) -> GenerationSettings:
@@ -95,11 +110,12 @@ def _chat_settings(body: ChatCompletionRequest, max_tokens_cap: int) -> Generati
         )
     if max_tokens is None and GenerationSettings().max_new_tokens > max_tokens_cap:
         max_tokens = max_tokens_cap
-    given = {"max_new_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed}
-    settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
-    if body.top_k is not None and body.top_k > 0:  # vLLM's "-1 = off" convention
-        settings["top_k"] = body.top_k
-    return merge_settings(settings, {"mode": body.mode, "stop": body.stop or None, "verify": body.verify})
+    given = {name: getattr(body, name) for name in RequestSettings.model_fields}
+    if given.get("top_k") is not None and given["top_k"] <= 0:  # vLLM's "-1 = off" convention
+        given["top_k"] = None
+    given["stop"] = given.get("stop") or None  # OpenAI clients send "" or [] for none
+    settings = {key: value for key, value in given.items() if value is not None}
+    return merge_settings(settings, {"max_new_tokens": max_tokens} if max_tokens is not None else None)
 
 
 def _tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:

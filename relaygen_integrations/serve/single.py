@@ -3,8 +3,9 @@
 It answers the way vLLM does: a text or token-id prompt, stop strings dropped from the text and reported as
 ``stop_reason``, and with ``"return_token_ids": true`` every generated id (the tokens of a matched stop string and the
 eos included). It is the counterpart ``RelayEngine.from_endpoints`` talks to, and it keeps a prefix cache like vLLM's:
-a request that extends the previous one forward-passes only the new tokens. Its per-token path is the engine's own
-``Transcript`` (text, stop sequences, budget), the same one every relay backend feeds.
+a request that extends the previous one forward-passes only the new tokens. It is a session of the local backend run by
+the engine's one loop (``drive``): text, stop sequences and the budget are the same ``Transcript`` every relay
+backend feeds.
 """
 
 from __future__ import annotations
@@ -23,15 +24,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..engine.core.cues import CueSet
+from ..engine.core.loop import drive
 from ..engine.core.policy import RelayPolicy
 from ..engine.core.prompt import check_text
-from ..engine.core.settings import SamplingParams
-from ..engine.core.spans import TextEvent
-from ..engine.core.transcript import Transcript
+from ..engine.core.settings import GenerationPlan, GenerationSettings, SamplingParams
+from ..engine.core.spans import FinalEvent, ModelRole, TextEvent
+from ..engine.core.transcript import BackendUsage, Fed, Transcript
+from ..engine.local.backend import LocalBackend
 from ..engine.local.kv import CacheOptions
-from ..engine.local.loading import context_window, eos_token_ids
 from ..engine.local.runner import ModelRunner
-from ..engine.local.sampling import Sampler
+from ..engine.local.session import LocalSession
 from .http import (
     CLIENT_CLOSED_REQUEST,
     SSE_DONE,
@@ -78,7 +80,8 @@ class CompletionPiece:
 
 @dataclass
 class SingleModel:
-    """One model behind a completion endpoint, with a prefix cache shared by all requests.
+    """One model behind a completion endpoint: the local backend over that model alone, its prefix cache shared by
+    all requests, each request a :class:`LocalSession` run by the engine's one loop (``core/loop.drive``).
 
     The model is locked per decode step, not per request, and every step first crops the cache to what it shares with
     the request's sequence: concurrent or abandoned requests can never leave the cache holding the wrong tokens.
@@ -86,16 +89,24 @@ class SingleModel:
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
-    runner: ModelRunner = field(init=False)
-    eos_ids: frozenset[int] = field(init=False)
-    context_window: int = field(init=False)
+    backend: LocalBackend = field(init=False)
     lock: threading.Lock = field(default_factory=threading.Lock)
     cache: CacheOptions = field(default_factory=CacheOptions)  # static / compiled decode steps (``engine/local/kv.py``)
 
     def __post_init__(self) -> None:
-        self.runner = ModelRunner("large", self.model, self.cache)
-        self.eos_ids = eos_token_ids(self.model, self.tokenizer)
-        self.context_window = context_window(self.model)
+        self.backend = LocalBackend(self.model, None, self.tokenizer, cache=self.cache)
+
+    @property
+    def runner(self) -> ModelRunner:
+        return self.backend.runners["large"]
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.backend.eos_ids
+
+    @property
+    def context_window(self) -> int:
+        return self.backend.context_window
 
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
         """A text prompt is raw text for the model, markup included (as a completion server takes it), so only its
@@ -145,42 +156,59 @@ class SingleModel:
                 f"this model's context window is {self.context_window} tokens; the prompt has {len(prompt_ids)} and "
                 f"max_tokens asks for {max_tokens} more"
             )
-        sampler = Sampler(sampling)
+        settings = GenerationSettings(mode="large", max_new_tokens=max_tokens, stop=stop, **sampling.model_dump())
+        plan = GenerationPlan(prompt_ids, settings, max_tokens, _NO_CUES)
         # One writer, no cues: the transcript does text, stops and the budget exactly as in a relay generation.
-        policy = RelayPolicy(_NO_CUES, mode="large")
-        transcript = Transcript(self.tokenizer, prompt_ids, policy, stop, self.eos_ids, max_tokens)
-        token, text = -1, ""
-        while not transcript.finished:
-            if cancel is not None and cancel.is_set():
-                return
-            with self.lock:
-                try:
-                    self.runner.sync_to(transcript.ids)
-                    logits = self.runner.logits_for(transcript.ids)
-                except BaseException:
-                    self.runner.reset()  # a failed forward pass may leave the cache half-written
-                    raise
-            token = sampler(logits, transcript.ids)
-            text = _text(transcript.feed([token], "large"))
-            if not transcript.finished:
-                yield CompletionPiece([token], text)
-        reason = transcript.finish_reason
-        tail = _text(transcript.finish())
-        if reason == "length":
-            yield CompletionPiece([token], text)
-            yield CompletionPiece([], tail, "length")
-        else:  # the eos token (kept out of the text) or a stop sequence (its text dropped, reported as stop_reason)
-            yield CompletionPiece([token], text + tail, "stop", transcript.matched_stop)
+        transcript = Transcript(self.tokenizer, prompt_ids, RelayPolicy(_NO_CUES, mode="large"), stop, self.eos_ids,
+                                max_tokens)  # fmt: skip
+        session = _TokenLog(self.backend.open(plan, transcript, step_lock=self.lock))
+        events = drive(transcript, session, cancel)
+        try:
+            for event in events:
+                if isinstance(event, TextEvent):
+                    yield CompletionPiece(session.take(), event.text)
+                elif isinstance(event, FinalEvent) and event.result.finish_reason != "cancelled":
+                    # The end: the eos token (kept out of the text) and a stop string's tokens are reported too.
+                    finish = "length" if event.result.finish_reason == "length" else "stop"
+                    yield CompletionPiece(session.take(), "", finish, transcript.matched_stop)
+        finally:
+            events.close()
+
+
+class _TokenLog:
+    """A session that remembers the tokens it hands out: every generated id, the eos included, which the transcript
+    keeps out of its own ids."""
+
+    def __init__(self, session: LocalSession) -> None:
+        self.session = session
+        self.pending: list[int] = []
+
+    def take(self) -> list[int]:
+        taken, self.pending = self.pending, []
+        return taken
+
+    def next_tokens(self, writer: ModelRole) -> list[int]:
+        tokens = self.session.next_tokens(writer)
+        self.pending += tokens
+        return tokens
+
+    def verify(self) -> None:
+        self.session.verify()
+
+    def after_feed(self, fed: Fed) -> None:
+        self.session.after_feed(fed)
+
+    def close(self, failed: bool) -> None:
+        self.session.close(failed)
+
+    def usage(self) -> BackendUsage:
+        return self.session.usage()
 
 
 def _logprob(row: Any, token: int, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
     value = row[token]
     rank = int((row > value).sum()) + 1
     return {"logprob": float(value), "rank": rank, "decoded_token": tokenizer.decode([token])}
-
-
-def _text(events: Iterator[Any]) -> str:
-    return "".join(event.text for event in events if isinstance(event, TextEvent))
 
 
 def create_single_app(

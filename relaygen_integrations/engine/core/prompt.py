@@ -4,7 +4,9 @@ It lives in the engine because ``RelayEngine.generate(messages)`` renders prompt
 (``chat/``) builds on it and never the other way round. Everything a caller hands to the template is checked here
 first (:func:`validate_chat`: shapes, tool calls, well-formed Unicode, template variables), so a bad input is a
 :class:`MessageError` / :class:`ToolSchemaError` naming the field and the value, never an error from inside the
-tokenizer or Jinja. Control-token strings in the caller's text are encoded as text (``markup.py``).
+tokenizer or Jinja. Each input is checked once per request: the chat layer checks messages and tools itself and hands
+them on through :func:`chat_of_checked` and :func:`render_chat_ids`, which do not check them again. Control-token
+strings in the caller's text are encoded as text (``markup.py``).
 """
 
 from __future__ import annotations
@@ -217,13 +219,29 @@ def validate_chat(
     assistant_prefix: str | None = None,
 ) -> Chat:
     """Everything the template will see, checked before anything renders."""
-    checked = validate_messages(messages)
     checked_tools = validate_tools(tools) if tools is not None else None
+    return chat_of_checked(
+        tokenizer, validate_messages(messages), checked_tools, chat_template_kwargs, assistant_prefix
+    )
+
+
+def chat_of_checked(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    assistant_prefix: str | None = None,
+) -> Chat:
+    """:func:`validate_chat` for messages and tools that passed :func:`validate_messages` / :func:`validate_tools`
+    already (the chat layer's ``prepare_chat`` checks them before the engine loads, and a request is checked once):
+    only the template variables, which need the tokenizer, and the assistant prefix are checked here."""
     template_kwargs = validate_template_kwargs(tokenizer, chat_template_kwargs)
     if assistant_prefix is not None and not isinstance(assistant_prefix, str):
         raise MessageError(f"assistant_prefix must be text, got {shown(assistant_prefix)}", "assistant_prefix")
     check_text(assistant_prefix or "", "assistant_prefix")
-    return Chat(checked, checked_tools or None, template_kwargs, assistant_prefix or "")
+    # Plain dicts, as the checks return them (a shallow copy: the template and the markup pass read, never write).
+    checked_tools = [dict(tool) for tool in tools] if tools else None
+    return Chat([dict(message) for message in messages], checked_tools, template_kwargs, assistant_prefix or "")
 
 
 # -- rendering --------------------------------------------------------------------------------------------------------
@@ -277,9 +295,25 @@ def render_prompt_ids(
     model continues after it. It is markup, like the template's own text. Control-token strings in the messages,
     tools and template variables are encoded as text unless ``raw_markup`` (then they become tokens).
     """
+    _check_raw_markup(raw_markup)
+    return _encode(
+        tokenizer, validate_chat(tokenizer, messages, tools, chat_template_kwargs, assistant_prefix), raw_markup
+    )
+
+
+def render_chat_ids(tokenizer: PreTrainedTokenizerBase, chat: Chat, *, raw_markup: bool = False) -> list[int]:
+    """:func:`render_prompt_ids` of a chat checked already (:func:`validate_chat`, :func:`chat_of_checked`): it is
+    rendered, not checked again."""
+    _check_raw_markup(raw_markup)
+    return _encode(tokenizer, chat, raw_markup)
+
+
+def _check_raw_markup(raw_markup: Any) -> None:
     if not isinstance(raw_markup, bool):
         raise MessageError(f"raw_markup must be True or False, got {shown(raw_markup)}", "raw_markup")
-    chat = validate_chat(tokenizer, messages, tools, chat_template_kwargs, assistant_prefix)
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, chat: Chat, raw_markup: bool) -> list[int]:
     if not raw_markup:
         tokens = markup.control_tokens(tokenizer, _template_source(tokenizer))
         if markup.holds_control_text(tokens, chat.messages, chat.tools, chat.template_kwargs):

@@ -71,25 +71,41 @@ class SamplingParams(BaseModel):
 
 
 class GenerationSettings(BaseModel):
-    """What one generation does: length, sampling, stop sequences, who writes, cues and speculation."""
+    """What one generation does: length, sampling, stop sequences, who writes, cues and speculation.
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    This is the one declaration of each setting: the adapters' fields and the server's request fields are built from
+    these fields (``chat/setting_fields.py``), descriptions (the docstrings below) and bounds included, so a field
+    added here reaches every entry point; ``tests/test_setting_fields.py`` checks that none is left out.
+    """
+
+    # The attribute docstrings become the fields' descriptions, which the adapters' fields show as their own.
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True)
 
     max_new_tokens: Annotated[int, Field(gt=0, strict=True)] = 256
+    """Most new tokens per call (clipped to the room the prompt leaves in the context window)."""
     # Infinity and NaN are refused: an infinite temperature would turn every distribution uniform without a word.
     temperature: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
+    """0 = greedy."""
     top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] = 1.0
+    """Nucleus sampling: sample from the smallest set of tokens whose probabilities add up to top_p."""
     top_k: Annotated[int, Field(ge=1, strict=True)] | None = None
+    """Sample from the k most likely tokens only; None = all."""
     seed: Annotated[int, Field(ge=-SEED_LIMIT, lt=SEED_LIMIT, strict=True)] | None = None
+    """Seed for sampling (temperature > 0)."""
     stop: tuple[str, ...] = ()
+    """Stop strings (they hold across a switch too)."""
     mode: Mode = "relay"
+    """'relay', or one model alone through the same loop (baselines)."""
     cues: CueSet | str | tuple[str, ...] | None = None
-    """The request's own cues (a preset, a profile path, a list); None = the engine's."""
+    """Switch cues: a preset, a profile path or a list; None = the engine's (the calibrated profile of a known pair,
+    else the generic preset)."""
     speculative: bool | Annotated[int, Field(ge=0, le=MAX_DRAFT_LIMIT, strict=True)] | None = None
-    """Self-speculative decoding: True / False, or a maximum draft length; None = the engine's default."""
+    """Self-speculative decoding: the small model drafts for the large model's tokens (same greedy output); True /
+    False, or a maximum (adaptive) draft length; None = the engine's default (for the demo pair, what its profile
+    ships)."""
     draft_vocab: Annotated[int, Field(ge=0, strict=True)] | None = None
     """Speculation: drafts score only the N most frequent tokens (+ special and prompt tokens), which makes a draft
-    step cheaper and changes no output (``engine/local/draft_head.py``); 0 = the whole vocabulary; None = the engine's."""
+    step cheaper and changes no output (``local/draft_head.py``); 0 = the whole vocabulary; None = the engine's."""
     reprefill_segments: bool = False
     """Baseline only: every segment re-reads the whole sequence, as RelayGen's original serving did."""
     verify: VerifySetting = None
@@ -140,6 +156,7 @@ class GenerationSettings(BaseModel):
 
 
 FIELDS = frozenset(GenerationSettings.model_fields)
+KEYS = FIELDS | frozenset(ALIASES)  # every key merge_settings takes
 
 
 def merge_settings(*layers: GenerationSettings | Mapping[str, Any] | None) -> GenerationSettings:
@@ -164,7 +181,7 @@ def merge_settings(*layers: GenerationSettings | Mapping[str, Any] | None) -> Ge
                 unknown.append(str(key))
     if unknown:
         raise SettingsError(
-            f"unknown generation setting(s) {sorted(unknown)}; the settings are {sorted(FIELDS | set(ALIASES))}",
+            f"unknown generation setting(s) {sorted(unknown)}; the settings are {sorted(KEYS)}",
             unknown[0],
         )
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -17,7 +18,7 @@ from .loading import context_window, eos_token_ids
 from .runner import ModelRunner
 from .sampling import Sampler
 from .session import LocalSession, Speculation
-from .speculative import DEFAULT_DRAFT_CONFIDENCE, DraftLength
+from .speculative import DEFAULT_DRAFT_CONFIDENCE, DraftLength, SmallModelDrafter
 
 
 class LocalBackend:
@@ -69,12 +70,18 @@ class LocalBackend:
     def check(self, plan: GenerationPlan) -> None:
         """Everything a local pair can run is checked by the engine front already."""
 
-    def open(self, plan: GenerationPlan, transcript: Transcript) -> LocalSession:
+    def open(
+        self, plan: GenerationPlan, transcript: Transcript, step_lock: threading.Lock | None = None
+    ) -> LocalSession:
+        """The request's session. ``step_lock``: the runners are shared with sessions that interleave per step
+        (``serve/single.py``); the engine front serializes whole requests instead and passes none."""
         # Speculation in mode "large" needs the small model too (as the drafter); mode "small" has nothing to draft.
         both = plan.mode == "relay" or (plan.mode == "large" and plan.speculative > 0)
         runners = {role: self.runners[role] for role in (("large", "small") if both else (plan.mode,))}
         speculation = (
-            Speculation(DraftLength(plan.speculative), self.draft_confidence) if plan.speculative and both else None
+            Speculation(SmallModelDrafter(self.runners["small"], DraftLength(plan.speculative), self.draft_confidence))
+            if plan.speculative and both
+            else None
         )
         if "small" in runners:  # only drafts read it: a request that drafts nothing prepares no subset
             self.runners["small"].draft_head = self.draft_head(plan.settings.draft_vocab) if speculation else None
@@ -85,6 +92,7 @@ class LocalBackend:
             reuse_prefix=self.reuse_prefix and not plan.reprefill_segments,
             reprefill_segments=plan.reprefill_segments,
             speculation=speculation,
+            step_lock=step_lock,
         )
 
     def draft_head(self, request: int | None) -> DraftHead | None:

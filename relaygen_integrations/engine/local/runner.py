@@ -178,9 +178,9 @@ class ModelRunner:
         self.stats.add_seconds(kind, time.perf_counter() - started)  # the output layer is part of the pass
         return logits
 
-    def verify(self, ids: list[int], draft: list[int]) -> torch.Tensor:
-        """Logits after ``ids`` and after each draft prefix — ``len(draft) + 1`` rows — in ONE forward pass over the
-        unseen part of ``ids`` followed by the draft (speculative verification)."""
+    def check_draft(self, ids: list[int], draft: list[int]) -> torch.Tensor:
+        """Speculation: logits after ``ids`` and after each draft prefix — ``len(draft) + 1`` rows — in ONE forward
+        pass over the unseen part of ``ids`` followed by the draft. (Verified relay's pass is :meth:`score`.)"""
         if len(self.cached_ids) >= len(ids):
             self.sync_to(ids)  # always leave one committed token to forward, so row 0 comes from this pass
         seen = len(self.cached_ids)

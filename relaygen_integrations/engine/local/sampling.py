@@ -36,6 +36,13 @@ class Sampler:
         scores = self.processors(input_ids, logits.detach().float().cpu()[None, :])
         return torch.softmax(scores, dim=-1)[0]
 
+    def row_probabilities(self, logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
+        """:meth:`probabilities` for every row of 2-D ``logits`` in one call (a speculative check's rows). The
+        warpers used here (temperature, top-k, top-p) read no context, so the rows need not carry their own."""
+        input_ids = torch.tensor([ids], dtype=torch.long).expand(logits.shape[0], -1)
+        scores = self.processors(input_ids, logits.detach().float().cpu())
+        return torch.softmax(scores, dim=-1)
+
     def __call__(self, logits: torch.Tensor, ids: list[int]) -> int:
         if self.params.greedy:
             return int(torch.argmax(logits))

@@ -4,6 +4,8 @@ on, a drafter. ``drive`` (``engine/core/loop.py``) runs it like any other backen
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass, field
 
 from ..core.settings import MAX_DRAFT_LIMIT
@@ -11,16 +13,15 @@ from ..core.spans import ModelRole
 from ..core.transcript import BackendUsage, Fed, Transcript
 from .runner import ModelRunner
 from .sampling import Sampler
-from .speculative import DEFAULT_DRAFT_CONFIDENCE, DraftLength, SpeculationStats, speculative_step
+from .speculative import Drafter, SpeculationStats, speculative_step
 
 
 @dataclass
 class Speculation:
-    """Per-request speculative-decoding state: the adaptive draft length, the confidence below which a draft stops,
-    and the acceptance counters."""
+    """Per-request speculative-decoding state: the drafter (its adaptive draft length and early stop) and the
+    acceptance counters."""
 
-    length: DraftLength
-    min_confidence: float = DEFAULT_DRAFT_CONFIDENCE
+    drafter: Drafter
     stats: SpeculationStats = field(default_factory=SpeculationStats)
 
 
@@ -40,8 +41,13 @@ class LocalSession:
         reuse_prefix: bool = True,
         reprefill_segments: bool = False,
         speculation: Speculation | None = None,
+        step_lock: threading.Lock | None = None,
     ) -> None:
         self.runners = runners
+        # Runners shared with other sessions that interleave step by step (the single-model server): every step
+        # takes the lock and first brings the cache back to this request's sequence, so an abandoned or concurrent
+        # request can never leave it holding another one's tokens. None: this session has the runners to itself.
+        self.step_lock = step_lock
         self.transcript = transcript
         self.sampler = sampler
         self.reprefill_segments = reprefill_segments
@@ -50,13 +56,14 @@ class LocalSession:
         prompt_ids = transcript.ids[: transcript.prompt_len]
         # Positions the request may reach: its budget plus a draft beyond it (sizes a static cache once).
         expected_len = transcript.prompt_len + (transcript.max_new_tokens or 0) + MAX_DRAFT_LIMIT + 1
-        for role, runner in runners.items():
-            runner.begin_request(
-                prompt_ids,
-                reuse_prefix,
-                lambda start, end, role=role: transcript.account_forward(role, start, end),
-                expected_len=expected_len,
-            )
+        with self.step_lock or contextlib.nullcontext():
+            for role, runner in runners.items():
+                runner.begin_request(
+                    prompt_ids,
+                    reuse_prefix,
+                    lambda start, end, role=role: transcript.account_forward(role, start, end),
+                    expected_len=expected_len,
+                )
 
     def verify(self) -> None:
         """Scores the pending small-model run with the large model in one pass (its catch-up pass when the large
@@ -89,10 +96,16 @@ class LocalSession:
             # discarded by the transcript (and cropped from the caches in after_feed).
             budget = (self.transcript.max_new_tokens or 1 << 30) - self.transcript.completion_tokens
             return speculative_step(
-                self.runners["large"], self.runners["small"], ids, self.sampler, self.speculation.length, budget,
-                self.transcript.eos_ids, self.speculation.stats, self.speculation.min_confidence,
+                self.runners["large"], self.speculation.drafter, ids, self.sampler, budget, self.transcript.eos_ids,
+                self.speculation.stats,
             )  # fmt: skip
-        return [self.sampler(self.runners[writer].logits_for(ids), ids)]
+        if self.step_lock is None:
+            return [self.sampler(self.runners[writer].logits_for(ids), ids)]
+        with self.step_lock:
+            runner = self.runners[writer]
+            runner.sync_to(ids)
+            logits = runner.logits_for(ids)
+        return [self.sampler(logits, ids)]
 
     def after_feed(self, fed: Fed) -> None:
         # A rolled-back look-ahead token never reached a cache without speculation (a token is forwarded only when

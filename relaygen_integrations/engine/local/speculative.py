@@ -7,13 +7,24 @@ the accepted prefix is exactly what the large model would have written token by 
 speculative-sampling acceptance rule (accept draft token ``x`` with probability ``min(1, p(x) / q(x))``, else
 resample from ``max(0, p - q)``), which leaves the large model's distribution unchanged.
 
-The generation loop feeds accepted tokens to the switching policy one at a time, exactly as if they had been
-decoded one by one; when a cue completes inside an accepted run the rest is discarded and both caches are cropped.
+Per round (:func:`speculative_step`)::
+
+    draft, q = drafter.propose(ids, sampler, budget, eos_ids)   # k tokens (and, sampling, their distributions q)
+    rows = large.check_draft(ids, draft)                        # ONE pass: k + 1 rows of the large model's logits
+    committed, accepted = accept(draft, rows, q, sampler, ids)  # one host transfer, no per-token sync
+    drafter.update(len(draft), accepted)                        # adapt the next draft's length
+
+The drafter is an interface (:class:`Drafter`, after transformers' candidate generators: ``get_candidates`` /
+``update_candidate_strategy``); :class:`SmallModelDrafter` - the relay pair's small model - is today's one, and an
+n-gram or prompt-lookup drafter would plug in beside it. The generation loop feeds accepted tokens to the switching
+policy one at a time, exactly as if they had been decoded one by one; when a cue completes inside an accepted run the
+rest is discarded and both caches are cropped.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -104,54 +115,92 @@ def accept(
 ) -> tuple[list[int], int]:
     """The tokens to commit — accepted draft prefix plus the large model's own next token — and how many draft tokens
     were accepted. ``target_logits`` has one row per draft token plus one (the large model's logits after ``ids``
-    and after each draft prefix)."""
-    committed: list[int] = []
+    and after each draft prefix).
+
+    Vectorized as gpt-fast accepts a draft: every row is decided in one tensor step and read back to the host once
+    (a per-token ``float()`` would be a device sync per token on a GPU). Sampling draws all ``k`` uniforms at once,
+    then one token from the residual (or bonus) row: the same acceptance rule, another order of RNG draws than a
+    token-by-token loop, so a seeded sampled run draws other tokens than before this change (greedy is unchanged)."""
+    k = len(draft_tokens)
     if sampler.params.greedy:
-        choices = torch.argmax(target_logits, dim=-1).tolist()
-        for token, choice in zip(draft_tokens, choices, strict=False):
-            if token != choice:
-                return [*committed, int(choice)], len(committed)
-            committed.append(token)
-        return [*committed, int(choices[len(draft_tokens)])], len(committed)
-    for index, token in enumerate(draft_tokens):
-        p = sampler.probabilities(target_logits[index], ids + committed)
-        q = draft_probs[index]
-        u = float(torch.rand((), generator=sampler.generator))
-        if q[token] > 0 and u * float(q[token]) <= float(p[token]):
-            committed.append(token)
-            continue
-        residual = torch.clamp(p - q, min=0.0)
+        choices = torch.argmax(target_logits, dim=-1).tolist()  # the one host transfer
+        accepted = next(
+            (i for i, (token, choice) in enumerate(zip(draft_tokens, choices, strict=False)) if token != choice), k
+        )
+        return [*draft_tokens[:accepted], int(choices[accepted])], accepted
+    p = sampler.row_probabilities(target_logits, ids)  # k + 1 rows on the CPU: the one transfer
+    accepted = 0
+    if k:
+        q = torch.stack(draft_probs)
+        rows, tokens = torch.arange(k), torch.tensor(draft_tokens)
+        p_token, q_token = p[rows, tokens], q[rows, tokens]
+        u = torch.rand(k, generator=sampler.generator)
+        kept = (q_token > 0) & (u * q_token <= p_token)  # accept x with probability min(1, p(x) / q(x))
+        accepted = int(kept.long().cumprod(0).sum())  # the accepted prefix ends at the first refusal
+    if accepted < k:
+        residual = torch.clamp(p[accepted] - q[accepted], min=0.0)
         total = float(residual.sum())
         # p == q up to rounding: any token drawn from p is then a correct sample.
-        distribution = residual / total if total > 1e-12 else p
-        resampled = int(torch.multinomial(distribution, num_samples=1, generator=sampler.generator))
-        return [*committed, resampled], len(committed)
-    bonus_probs = sampler.probabilities(target_logits[len(draft_tokens)], ids + committed)
-    bonus = int(torch.multinomial(bonus_probs, num_samples=1, generator=sampler.generator))
-    return [*committed, bonus], len(committed)
+        distribution = residual / total if total > 1e-12 else p[accepted]
+    else:
+        distribution = p[k]  # every draft token accepted: the bonus token comes from the last row
+    token = int(torch.multinomial(distribution, num_samples=1, generator=sampler.generator))
+    return [*draft_tokens[:accepted], token], accepted
+
+
+class Drafter(Protocol):
+    """What proposes tokens for the large model to check in one pass (transformers' candidate generator:
+    ``get_candidates`` / ``update_candidate_strategy``)."""
+
+    def propose(
+        self, ids: list[int], sampler: Sampler, budget: int, eos_ids: frozenset[int]
+    ) -> tuple[list[int], list[torch.Tensor]]:
+        """At most ``budget`` tokens to follow ``ids`` and, when sampling, the distribution each was drawn from
+        (the acceptance rule needs ``q``); greedy drafters return no distributions."""
+        ...
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """How many of the last proposal's tokens the large model kept (adapts the next proposal)."""
+        ...
+
+
+@dataclass
+class SmallModelDrafter:
+    """The relay pair's small model as the drafter: ``length.current`` decode steps of its own cache (through its
+    reduced draft vocabulary when it has one), stopping early after an unsure token (``min_confidence``)."""
+
+    runner: ModelRunner
+    length: DraftLength = field(default_factory=DraftLength)
+    min_confidence: float = DEFAULT_DRAFT_CONFIDENCE
+
+    def propose(
+        self, ids: list[int], sampler: Sampler, budget: int, eos_ids: frozenset[int]
+    ) -> tuple[list[int], list[torch.Tensor]]:
+        return draft(self.runner, ids, sampler, min(self.length.current, budget), eos_ids, self.min_confidence)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.length.update(drafted, accepted)
 
 
 def speculative_step(
     large: ModelRunner,
-    small: ModelRunner,
+    drafter: Drafter,
     ids: list[int],
     sampler: Sampler,
-    length: DraftLength,
     budget: int,
     eos_ids: frozenset[int],
     stats: SpeculationStats,
-    min_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
 ) -> list[int]:
-    """One draft-and-verify round for the large model: 1 to ``length.current + 1`` tokens (at most ``budget``), each
-    one the large model's own choice. Caches may hold tokens past what the caller keeps; it crops them
+    """One draft-and-check round for the large model: 1 to ``draft + 1`` tokens (at most ``budget``), each one the
+    large model's own choice. Caches may hold tokens past what the caller keeps; it crops them
     (``ModelRunner.sync_to``) once it has decided how many tokens it keeps."""
-    draft_tokens, draft_probs = draft(small, ids, sampler, min(length.current, budget - 1), eos_ids, min_confidence)
-    target_logits = large.verify(ids, draft_tokens)
+    draft_tokens, draft_probs = drafter.propose(ids, sampler, budget - 1, eos_ids)
+    target_logits = large.check_draft(ids, draft_tokens)
     committed, accepted = accept(draft_tokens, target_logits, draft_probs, sampler, ids)
     stats.rounds += 1
     stats.drafted += len(draft_tokens)
     stats.accepted += accepted
-    length.update(len(draft_tokens), accepted)
+    drafter.update(len(draft_tokens), accepted)
     return committed
 
 

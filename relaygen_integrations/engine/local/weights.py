@@ -56,7 +56,7 @@ def pick_weights(dtype: str | torch.dtype = "auto", device: torch.device | None 
     reads (not bit-identical to fp32; ask for fp32 when exactness against an fp32 reference matters).
 
     ``int8`` (CPU only) quantizes every linear layer to int8 with per-token dynamic activation scales (fbgemm). On
-    CPUs without native bf16 instructions (AVX2 only: see ``engine/local/cpu.py``) bf16 matrix products with more than one
+    CPUs without native bf16 instructions (AVX2 only: see ``cpu.py``) bf16 matrix products with more than one
     row are slow, so catch-up, verification and speculation passes cost many decode steps; int8 makes a decode step
     ~2x and an 8-position pass ~6x cheaper there (docs/benchmarks.md). It changes the numbers the model computes,
     so its answers differ from bf16's: measure accuracy before relying on it.

@@ -1,0 +1,200 @@
+"""Each setting declared once, each request checked once.
+
+GenerationSettings is the one declaration of a generation setting: both adapters' fields and the server's request
+fields are built from it, so a setting added there must show up in each of them (or be named, with its reason, as
+one they leave out). A chat request's messages and tools are checked once - by the chat layer, or by the engine when
+it is called directly - and a bad one is still the typed error naming the field, before any forward pass.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from helpers import PROMPT, ScriptedLM, chat_engine
+from langchain_core.messages import HumanMessage
+from langchain_core.tools import tool
+from llama_index.core.base.llms.types import ChatMessage
+from transformers import PreTrainedTokenizerBase
+
+import relaygen_integrations.serve.app as serve_app
+from relaygen_integrations import RelayEngine
+from relaygen_integrations.chat.model_fields import ADAPTER_SETTINGS, FIELD_NAMES, NOT_FIELDS
+from relaygen_integrations.engine.core import prompt
+from relaygen_integrations.engine.core.prompt import MessageError, ToolSchemaError
+from relaygen_integrations.engine.core.settings import FIELDS, GenerationSettings, merge_settings
+from relaygen_integrations.langchain import RelayChatModel
+from relaygen_integrations.llama_index import RelayLLM
+from relaygen_integrations.serve.app import NOT_OVER_HTTP, OPENAI_NAMED, ChatCompletionRequest, create_app
+
+# A valid value other than the default for every setting. A setting added to GenerationSettings needs one here: the
+# round trips below then check that it reaches the engine from an adapter's field and from a request's JSON.
+SAMPLES: dict[str, Any] = {
+    "max_new_tokens": 9, "temperature": 0.5, "top_p": 0.5, "top_k": 3, "seed": 7, "stop": ["ZZ"], "mode": "large",
+    "cues": ["So"], "speculative": 2, "draft_vocab": 100, "reprefill_segments": True, "verify": "greedy",
+}  # fmt: skip
+ADAPTERS = (RelayChatModel, RelayLLM)
+
+
+def test_every_setting_has_a_sample():
+    assert set(SAMPLES) == FIELDS, "a new generation setting: add a sample value to SAMPLES"
+    for name, value in SAMPLES.items():
+        assert getattr(merge_settings({name: value}), name) != GenerationSettings.model_fields[name].default
+
+
+# -- declared once --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_every_setting_is_a_field_of_both_adapters(adapter):
+    assert set(ADAPTER_SETTINGS.values()) == FIELDS - NOT_FIELDS and NOT_FIELDS <= FIELDS
+    for name in FIELDS - NOT_FIELDS:
+        field = FIELD_NAMES.get(name, name)
+        assert field in adapter.model_fields, f"setting {name!r} is no field of {adapter.__name__}"
+        declared = GenerationSettings.model_fields[name]
+        assert adapter.model_fields[field].description == (" ".join((declared.description or "").split()) or None)
+        if name != "stop":  # the adapters' stop field is a list, None for none (model_fields._DIFFER)
+            assert adapter.model_fields[field].default == declared.default
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("name", sorted(FIELDS - NOT_FIELDS))
+def test_a_configured_setting_reaches_the_engine(adapter, name):
+    model = adapter(**{FIELD_NAMES.get(name, name): SAMPLES[name]})
+    assert set(model.settings_layer()) == FIELDS - NOT_FIELDS
+    assert getattr(merge_settings(model.settings_layer()), name) == getattr(merge_settings({name: SAMPLES[name]}), name)
+
+
+def test_the_adapters_keep_their_public_field_types_and_bounds():
+    fields = RelayChatModel.model_fields
+    assert fields["max_tokens"].default == 256 and fields["stop"].default is None and fields["mode"].default == "relay"
+    model = RelayChatModel(max_new_tokens=5, stop_sequences="END", top_k="4")  # the aliases, lax conversion
+    assert (model.max_tokens, model.stop, model.top_k) == (5, ["END"], 4)
+    for bad in ({"temperature": -1.0}, {"top_p": 0.0}, {"max_tokens": 0}, {"top_k": 0}, {"draft_vocab": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            RelayLLM(**bad)
+
+
+def test_every_setting_is_a_field_of_the_server_request():
+    assert OPENAI_NAMED | NOT_OVER_HTTP <= FIELDS
+    over_http = FIELDS - OPENAI_NAMED - NOT_OVER_HTTP
+    assert over_http <= set(ChatCompletionRequest.model_fields), "a setting is no field of the server's request"
+    assert {"max_tokens", "max_completion_tokens"} <= set(ChatCompletionRequest.model_fields)
+    assert all(ChatCompletionRequest.model_fields[name].default is None for name in over_http)
+
+
+@pytest.fixture
+def captured(tokenizer, monkeypatch) -> tuple[TestClient, list[GenerationSettings]]:
+    """A test client whose requests stop once their settings are merged, which are kept."""
+    seen: list[GenerationSettings] = []
+
+    def capture(messages: Any, settings: GenerationSettings, **_: Any) -> Any:
+        seen.append(settings)
+        raise ValueError("captured")  # a 400: nothing runs
+
+    monkeypatch.setattr(serve_app, "prepare_chat", capture)
+    return TestClient(create_app(chat_engine(tokenizer, "Five."))), seen
+
+
+@pytest.mark.parametrize("name", sorted(FIELDS - NOT_OVER_HTTP))
+def test_a_setting_in_a_request_reaches_the_engine(captured, name):
+    client, seen = captured
+    body = {"max_tokens": SAMPLES[name]} if name in OPENAI_NAMED else {name: SAMPLES[name]}
+    response = client.post("/v1/chat/completions", json={"messages": PROMPT, **body})
+    assert response.status_code == 400 and "captured" in response.text, response.text
+    assert getattr(seen[-1], name) == getattr(merge_settings({name: SAMPLES[name]}), name)
+
+
+def test_a_request_keeps_the_openai_conventions(captured):
+    client, seen = captured
+    client.post("/v1/chat/completions", json={"messages": PROMPT, "top_k": -1, "stop": "", "max_completion_tokens": 7})
+    assert (seen[-1].top_k, seen[-1].stop, seen[-1].max_new_tokens) == (None, (), 7)
+    for left_out in NOT_OVER_HTTP:  # accepted and ignored, as any field the server does not know
+        client.post("/v1/chat/completions", json={"messages": PROMPT, left_out: SAMPLES[left_out]})
+        assert getattr(seen[-1], left_out) == GenerationSettings.model_fields[left_out].default
+
+
+# -- checked once ---------------------------------------------------------------------------------------------------
+@pytest.fixture
+def checks(monkeypatch) -> Counter[str]:
+    """Counts the calls of the message and tool checks, wherever a module of the package imported them."""
+    counts: Counter[str] = Counter()
+
+    def counted(name: str, check: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return check(*args, **kwargs)
+
+        return call
+
+    for check in (prompt.validate_messages, prompt.validate_tools):
+        wrapper = counted(check.__name__, check)
+        for module in [m for name, m in sys.modules.items() if name.startswith("relaygen_integrations")]:
+            for attribute, value in list(vars(module).items()):
+                if value is check:
+                    monkeypatch.setattr(module, attribute, wrapper)
+    return counts
+
+
+@tool
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers."""
+    return a * b
+
+
+def test_a_langchain_request_is_checked_once(tokenizer, checks):
+    model = RelayChatModel(engine=chat_engine(tokenizer, "Six times seven is 42."), max_tokens=8)
+    assert model.invoke("What is 6 times 7?").content
+    assert checks == {"validate_messages": 1}
+    bound = model.bind_tools([multiply])
+    checks.clear()  # bind_tools checks the tools once when they are bound; each request once more, in prepare_chat
+    assert bound.invoke("What is 6 times 7?").content
+    assert checks == {"validate_messages": 1, "validate_tools": 1}
+
+
+async def test_an_async_and_a_streamed_request_are_checked_once(tokenizer, checks):
+    model = RelayChatModel(engine=chat_engine(tokenizer, "Six times seven is 42."), max_tokens=8)
+    assert (await model.ainvoke("What is 6 times 7?")).content
+    assert checks == {"validate_messages": 1}
+    assert [chunk async for chunk in model.astream("What is 6 times 7?")]
+    assert checks == {"validate_messages": 2}
+
+
+def test_a_llama_index_chat_is_checked_once(tokenizer, checks):
+    llm = RelayLLM(engine=chat_engine(tokenizer, "Six times seven is 42."), max_tokens=8)
+    assert llm.chat([ChatMessage(role="user", content="What is 6 times 7?")]).message.content
+    assert checks == {"validate_messages": 1}
+
+
+def test_a_direct_engine_call_is_checked_once(tokenizer, checks):
+    engine = chat_engine(tokenizer, "Six times seven is 42.")
+    tools = [{"type": "function", "function": {"name": "multiply", "parameters": {"type": "object"}}}]
+    assert engine.generate(PROMPT, tools=tools, max_new_tokens=8).text
+    assert checks == {"validate_messages": 1, "validate_tools": 1}
+
+
+def _counted_engine(tokenizer: PreTrainedTokenizerBase) -> tuple[RelayEngine, ScriptedLM, ScriptedLM]:
+    large, small = ScriptedLM(tokenizer, "Five."), ScriptedLM(tokenizer, "FIVE.")
+    return RelayEngine.from_models(large, small, tokenizer, cues=["So"]), large, small  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "field"),
+    [
+        (lambda m: m.invoke([HumanMessage(content="hi \ud83d")]), MessageError, "messages[0].content"),
+        (
+            lambda m: m.invoke("hi", chat_template_kwargs={"messages": 5}),
+            MessageError,
+            "chat_template_kwargs['messages']",
+        ),
+        (lambda m: m.invoke("hi", tools=[{"type": "function", "function": {}}]), ToolSchemaError, "tools[0]"),
+    ],
+)
+def test_a_bad_chat_request_is_still_named_before_any_forward_pass(tokenizer, call, error, field):
+    engine, large, small = _counted_engine(tokenizer)
+    with pytest.raises(error) as caught:
+        call(RelayChatModel(engine=engine))
+    assert caught.value.field == field
+    assert large.fed == small.fed == []
