@@ -39,7 +39,7 @@ def _timeless(value: Any) -> Any:
         return {
             k: _timeless(v)
             for k, v in value.items()
-            if not any(word in k for word in ("seconds", "time", "elapsed", "per_second"))
+            if not any(word in k for word in ("seconds", "time", "elapsed", "per_second", "duration"))
         }
     if isinstance(value, list):
         return [_timeless(v) for v in value]
@@ -92,7 +92,13 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--compare", type=Path, help="a fingerprint to compare with (exit 1 when they differ)")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated names of the cases to run")
+    parser.add_argument("--stop", help="the stop case's stop sequences, separated by '|' (default: 'So ')")
     args = parser.parse_args()
+    if args.stop:
+        CASES["stop"]["stop"] = args.stop.split("|")
+    for name in set(CASES) - set(args.cases.split(",")):
+        del CASES[name]
     engine = RelayEngine.from_pretrained(dtype=args.dtype, draft_vocab=32768)
     runs = fingerprint(engine, load_gsm8k(args.data)[: args.problems], args.max_new_tokens)
     report = {"machine": platform.processor() or platform.machine(), "dtype": args.dtype, "runs": runs}
