@@ -44,9 +44,10 @@ class GenerationSession(Protocol):
         ...
 
     def verify(self) -> None:
-        """Verified relay: check ``transcript.pending_run()`` with the large model; accept it
-        (``transcript.accept_run``) or cut at the first rejected token (``transcript.reject_from``), after which the
-        large model writes. Only called when the plan asks for verification, which ``Backend.check`` may refuse."""
+        """Verified relay: score ``transcript.pending_run()`` with the large model, apply ``transcript.verify`` (the
+        rule) and hand the verdict to ``transcript.settle_run``, which keeps the run or cuts it at the first rejected
+        token, after which the large model writes. The run's state is the transcript's; a backend only scores. Only
+        called when the plan asks for verification, which ``Backend.check`` may refuse."""
         ...
 
     def after_feed(self, fed: Fed) -> None:

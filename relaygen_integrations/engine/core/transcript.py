@@ -183,6 +183,18 @@ class Transcript:
             end = min(end, self._tokens_before(self.stop_at))
         return self.run_start, max(self.run_start, end)
 
+    def settle_run(self, rejected: int | None) -> int | None:
+        """Verified relay's verdict on :meth:`pending_run`, as the rule gave it from the backend's scores: the index
+        within the run of the first token it rejects, or None. Keeps the run, or cuts it there (the large model
+        writes on from the cut). Returns the completion-token index of the cut; None when the run was kept. The
+        run's state lives here; a backend only scores (``LocalSession.verify``, ``RemoteSession.verify``)."""
+        if rejected is None:
+            self.accept_run()
+            return None
+        cut = self.pending_run()[0] + rejected
+        self.reject_from(cut)
+        return cut
+
     def accept_run(self) -> None:
         start, end = self.pending_run()
         self.verified += end - start

@@ -77,11 +77,10 @@ class LocalSession:
         ids = transcript.ids
         rows = large.score(ids, first)  # rows[j] predicts ids[first + j]; the last row follows the whole sequence
         rejected = rule.first_rejected(rows[: end - start], ids[first : transcript.prompt_len + end])
-        if rejected is None:
-            transcript.accept_run()
+        cut = transcript.settle_run(rejected)
+        if cut is None:
             return
-        row = rows[rejected]
-        transcript.reject_from(start + rejected)
+        row = rows[cut - start]  # the large model's own distribution at the rejected position
         for runner in self.runners.values():
             runner.sync_to(transcript.ids)  # both caches back to the kept sequence
         self.pending = self.sampler(row, transcript.ids)

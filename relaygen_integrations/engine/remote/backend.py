@@ -206,11 +206,8 @@ class RemoteSession:
         transcript.account_forward("large", 0, len(scored))
         self.requests += 1
         self.known["large"] = len(scored)
-        rejected = rule.first_rejected_scores(scores)
-        if rejected is None:
-            transcript.accept_run()
+        if transcript.settle_run(rule.first_rejected_scores(scores)) is None:
             return
-        transcript.reject_from(start + rejected)
         for role, known in self.known.items():  # what each server cached beyond the cut is no longer the sequence
             self.known[role] = min(known, len(transcript.ids))
 
