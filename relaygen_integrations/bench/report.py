@@ -74,8 +74,11 @@ def render_markdown(report: dict[str, Any]) -> str:
     config, machine, summary = report["config"], report["machine"], report["summary"]
     remote = machine.get("backend") == "remote"
     pair = f"two servers (tokenizer {config['large']})" if remote else f"{config['large']} + {config['small']}"
+    # A resumed run may hold modes added or dropped on the way: say so rather than print one mode's count as the run's.
+    counts = sorted({s["n"] for s in summary.values()})
+    problems = f"{counts[-1]} problems" + ("" if len(counts) == 1 else "; modes ran on fewer where the tables say")
     lines = [
-        f"# Benchmark: {pair} on GSM8K ({summary[next(iter(summary))]['n']} problems)",
+        f"# Benchmark: {pair} on GSM8K ({problems})",
         "",
         f"Machine: {machine_text(machine)}. "
         f"{'Greedy' if not config['temperature'] else 'T=' + str(config['temperature'])}, "
