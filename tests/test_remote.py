@@ -24,7 +24,8 @@ from relaygen_integrations import RelayEngine
 from relaygen_integrations.engine import GenerationError
 from relaygen_integrations.engine.core.spans import FinalEvent, SwitchEvent, TextEvent
 from relaygen_integrations.engine.local.kv import CacheOptions
-from relaygen_integrations.engine.remote.backend import EndpointError, RemoteBackend, cue_stop_strings
+from relaygen_integrations.engine.remote.backend import RemoteBackend, cue_stop_strings
+from relaygen_integrations.engine.remote.endpoint import EndpointError
 from relaygen_integrations.langchain import RelayChatModel
 from relaygen_integrations.serve.app import create_app
 from relaygen_integrations.serve.single import create_single_app

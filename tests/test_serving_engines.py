@@ -24,7 +24,7 @@ import pytest
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.engine import GenerationError
 from relaygen_integrations.engine.core.spans import FinalEvent, SwitchEvent, TextEvent
-from relaygen_integrations.engine.remote.backend import EndpointError
+from relaygen_integrations.engine.remote.endpoint import EndpointError
 
 pytestmark = pytest.mark.serving_engine
 
