@@ -8,9 +8,10 @@ holds the block's unitless decimals (a). Figures that are not measurements are l
 reason; blocks that another change rewrites are listed in ``PENDING``. Both lists fail when an entry no longer
 matches the docs, so they cannot outlive their reason.
 
-The shipped profiles' choices (``relaygen_integrations/profiles/*.json``: the verify rule, the draft vocabulary, a
-weight format, speculation) name the benchmark they were chosen from; that run must hold the choice as a mode and
-show it within 2 problems of ``large`` on the problems both ran.
+The shipped profiles' choices (``relaygen_integrations/profiles/*.json``: who writes, the verify rule, the draft
+vocabulary, weight formats, speculation) name the benchmark they were chosen from; that run must hold the choice as a
+mode and show it within 2 problems of ``large`` on the problems both ran, or state the measured loss and why it ships
+anyway (``accepted_loss``).
 """
 
 from __future__ import annotations
@@ -73,6 +74,38 @@ NOT_MEASURED = (
     NotMeasured(
         "docs/benchmarks.md", "(efficiency 0.91)", "the measured speed-up over the predicted ideal just before"
     ),
+    NotMeasured(
+        "docs/calibration.md",
+        "The selected cues save 11.9 s over the 30 traces, about 1 % of the baseline's time on them, and 41 % of",
+        "sums over the selected rows of the table above (ms saved x occurrences, kept / written) and that sum over the"
+        " 30 traces' 9,128 tokens at the baseline's 120 ms",
+    ),
+    NotMeasured(
+        "docs/benchmarks.md",
+        "would save about 1 % of the baseline's time with 41 % of their small tokens",
+        "the calibration's sums over its selected rows (docs/calibration.md, the shipped formats)",
+    ),
+    NotMeasured(
+        "docs/benchmarks.md",
+        "≥ 2.5× faster than bf16 `large` per answer",
+        "the issue's target, quoted (the measured figure follows it)",
+    ),
+    NotMeasured("docs/benchmarks.md", "≤ 20 % of the small tokens rejected", "the issue's target, quoted"),
+    NotMeasured(
+        "docs/benchmarks.md",
+        "every relay mode (41–56 %)",
+        "the range over the run's relay modes (56 %) and the calibration's selection (41 %), both quoted above",
+    ),
+    NotMeasured(
+        "docs/benchmarks.md",
+        "activations run ~50x the others",
+        "read off one prompt's activations while finding the int8 defect; kept nowhere",
+    ),
+    NotMeasured(
+        "docs/benchmarks.md",
+        "the other row's error 44x larger (1.29 against 0.029)",
+        "a micro-measurement on a random layer (the test test_int8_layers_scale_each_token_alone asserts the effect)",
+    ),
     NotMeasured("docs/architecture.md", "engine setting, default 0.8", "a setting's default"),
     NotMeasured("docs/benchmarks.md", "< 0.8 probability", "the draft_confidence setting"),
     NotMeasured("docs/calibration.md", "delta > +0.04", "a threshold to try next, not a result"),
@@ -114,29 +147,7 @@ class Pending:
         return block.text.startswith(self.starts) if self.starts else self.section in block.sections
 
 
-SIXTY_PROBLEMS = "rewritten with the 60-problem run (docs/benchmarks.md, 'The 60-problem run'), which names its data"
-PENDING = (
-    Pending(
-        "README.md",
-        ("benchmarks/data/relay-vs-spec-rowscaled",),
-        SIXTY_PROBLEMS,
-        starts="**Time to the answer, measured**",
-    ),
-    Pending(
-        "docs/benchmarks.md",
-        (
-            "benchmarks/data/pass-cost-avx512bf16",
-            "benchmarks/data/probe-int8",
-            "benchmarks/data/relay-vs-spec-rowscaled",
-            "benchmarks/data/calib-verified-int8/demo.json",
-        ),
-        SIXTY_PROBLEMS,
-        section="Seconds per answer: relay against speculation, per-model formats (AVX-512 + AVX512-BF16 EPYC)",
-        # 50x, 44x, 0.029: a micro-measurement on a random layer, kept nowhere; 0.85×: 3.79× over 4.47×, in two
-        # sentences.
-        unbacked=("50x", "44x", "0.029", "0.85×"),
-    ),
-)
+PENDING: tuple[Pending, ...] = ()  # none now: the 60-problem run's blocks name their data
 
 
 def exempt(block: Block, figure: Figure) -> bool:
@@ -292,6 +303,9 @@ def carries(key: str, entry: dict[str, Any], config: dict[str, Any], device: str
     if key == "dtype":
         chosen = entry.get(device) if isinstance(entry, dict) else entry
         return lambda mode: same_formats(parts(mode)[2] or config["dtype"], chosen)
+    if key == "mode":  # who writes: "large" is carried by the large model alone and by it with the small one drafting
+        writer = entry["mode"]
+        return lambda mode: parts(mode)[0].removesuffix("-spec") == writer
     return None
 
 
@@ -303,9 +317,9 @@ def benchmarked_entries() -> Iterator[tuple[Path, str, dict[str, Any]]]:
 
 
 def test_profiles_have_benchmarked_entries() -> None:
-    """The demo pair ships a verify rule and a draft vocabulary chosen from benchmark runs (guards the test below
-    against passing on nothing)."""
-    assert {key for _, key, _ in benchmarked_entries()} >= {"verify", "draft_vocab"}
+    """The demo pair ships who writes, speculation, the weight formats, a verify rule and a draft vocabulary chosen
+    from benchmark runs (guards the test below against passing on nothing)."""
+    assert {key for _, key, _ in benchmarked_entries()} >= {"verify", "draft_vocab", "mode", "speculative", "dtype"}
 
 
 @pytest.mark.parametrize(
@@ -320,10 +334,22 @@ def test_shipped_choice_is_backed_by_its_benchmark(profile: Path, key: str, entr
     rule = carries(key, entry, saved["config"], saved["machine"].get("device", "cpu"))
     assert rule is not None, f"{profile.name} {key}: no rule here for which bench modes carry this entry's choice"
     by_mode = correct_by_mode(path)
-    chosen = [mode for mode in by_mode if mode != "large" and rule(mode)]
+    # ``bench_mode``: the one mode of the run that carries the profile's whole default, where other modes of that run
+    # share this entry's choice but not the rest (int8 for both models, say); it must carry this entry's choice too.
+    named = entry.get("bench_mode")
+    chosen = [mode for mode in by_mode if mode != "large" and rule(mode) and named in (None, mode)]
     assert chosen, f"{profile.name} {key}: no mode of {entry['benchmark']} carries the choice (modes: {list(by_mode)})"
     large = by_mode["large"]
+    # ``accepted_loss``: a choice shipped although it solved more than 2 fewer, with the measured count and the
+    # reason; the count must be what the run shows, so the exception cannot outlive its data.
+    accepted = entry.get("accepted_loss")
     for mode in chosen:
         shared = by_mode[mode].keys() & large.keys()
         lost = sum(large[p] for p in shared) - sum(by_mode[mode][p] for p in shared)
-        assert shared and lost <= 2, f"{profile.name} {key}: {mode} solves {lost} fewer of {len(shared)} than large"
+        assert shared, f"{profile.name} {key}: {mode} shares no problem with large"
+        if accepted is None:
+            assert lost <= 2, f"{profile.name} {key}: {mode} solves {lost} fewer of {len(shared)} than large"
+        else:
+            assert accepted["why"] and lost == accepted["problems"] > 2, (
+                f"{profile.name} {key}: {mode} solves {lost} fewer than large; accepted_loss: {accepted['problems']}"
+            )

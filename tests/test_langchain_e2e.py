@@ -146,7 +146,7 @@ class RelayRecorder(BaseCallbackHandler):
 
 
 def test_callback_handler_sees_span_tagged_tokens_and_switch_events():
-    llm = RelayChatModel(large="demo", small="demo", cues=TEST_CUES, max_tokens=64, temperature=0.0)
+    llm = RelayChatModel(large="demo", small="demo", cues=TEST_CUES, mode="relay", max_tokens=64, temperature=0.0)
     recorder = RelayRecorder()
     question = "Tom has 3 apples and buys 5 more. How many apples does he have? Explain step by step."
     chunks = list(llm.stream(question, config={"callbacks": [recorder]}))

@@ -133,7 +133,9 @@ def test_metadata_and_alias(tokenizer):
     assert RelayLLM(engine=llm.engine, mode="large").metadata.model_name == "large(large+small)"
     assert RelayLLM(engine=llm.engine, context_window=1000).metadata.context_window == 1000
     unloaded = RelayLLM()
-    assert unloaded.metadata.model_name == "relay(demo:large+demo:small)" and unloaded._engine is None
+    # The demo pair's profile ships mode "large" (the small model drafting); read without loading anything.
+    assert unloaded.metadata.model_name == "large(demo:large+demo:small)" and unloaded._engine is None
+    assert RelayLLM(large="some/dir", small="other/dir").metadata.model_name == "relay(some/dir+other/dir)"
     assert RelayLLM.class_name() == "RelayLLM"
 
 

@@ -40,7 +40,7 @@ PRODUCT = 1234 * 5678  # 7006652: not something a 1.5B model multiplies correctl
 def llm() -> RelayLLM:
     if pair_paths("demo") is None:
         pytest.fail("the demo pair is not cached: run `relaygen models fetch demo` (make test does this first)")
-    relay = RelayLLM(large="demo", small="demo", cues=TEST_CUES, max_tokens=64)
+    relay = RelayLLM(large="demo", small="demo", cues=TEST_CUES, mode="relay", max_tokens=64)
     relay.engine  # noqa: B018 - load once here, so the first test's timing is not the load
     return relay
 

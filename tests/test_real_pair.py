@@ -25,7 +25,9 @@ TEST_CUES = ["Therefore", "Thus", "So,", "So ", "Now,", "First,", "Next,", "Then
 def engine() -> RelayEngine:
     if pair_paths("demo") is None:
         pytest.fail("the demo pair is not cached: run `relaygen models fetch demo` (make test does this first)")
-    return RelayEngine.from_pretrained("demo", "demo", cues=TEST_CUES, dtype="bf16")
+    # Relay without speculation in bf16, named: the pair's shipped default is the large model with an int8 drafter
+    # (test_the_default_engine_speculates_with_an_int8_drafter), and these assertions are about relay in bf16.
+    return RelayEngine.from_pretrained("demo", "demo", cues=TEST_CUES, dtype="bf16", mode="relay", speculative=False)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,23 @@ def test_both_models_write_spans_on_gsm8k(engine, questions):
         assert usage.small_catchup_tokens <= usage.large_tokens + usage.small_tokens
         for span in result.spans[1:]:
             assert span.trigger.startswith(("cue:", "sentence_end", "cap", "reasoning_end", "rejected"))
+
+
+def test_the_default_engine_speculates_with_an_int8_drafter(questions):
+    """``from_pretrained()`` with no argument (here through ``shared``, the engine both adapters load): the demo
+    profile's default - the large model in bf16 writing every token, the small one in int8 drafting for it over the
+    32k draft vocabulary, the verify rule ready for relay requests (docs/benchmarks.md#the-60-problem-run)."""
+    from relaygen_integrations.engine.local.weights import RowScaledInt8Linear
+
+    default = RelayEngine.shared("demo", "demo")
+    runners = default.backend.runners
+    assert default.mode == "large" and default.speculative > 0 and default.verify is not None
+    assert runners["large"].model.lm_head.weight.dtype == torch.bfloat16
+    assert type(runners["small"].model.lm_head) is RowScaledInt8Linear
+    result = default.generate(math_messages(questions[0]), max_new_tokens=48)
+    usage = result.usage
+    assert {s.model for s in result.spans} == {"large"} and usage.small_tokens == 0
+    assert usage.draft_tokens > 0 and usage.accepted_draft_tokens > 0, usage
 
 
 def test_large_mode_matches_generate_on_the_real_model(engine, questions):

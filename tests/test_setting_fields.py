@@ -69,7 +69,7 @@ def test_a_configured_setting_reaches_the_engine(adapter, name):
 
 def test_the_adapters_keep_their_public_field_types_and_bounds():
     fields = RelayChatModel.model_fields
-    assert fields["max_tokens"].default == 256 and fields["stop"].default is None and fields["mode"].default == "relay"
+    assert fields["max_tokens"].default == 256 and fields["stop"].default is None and fields["mode"].default is None
     model = RelayChatModel(max_new_tokens=5, stop_sequences="END", top_k="4")  # the aliases, lax conversion
     assert (model.max_tokens, model.stop, model.top_k) == (5, ["END"], 4)
     for bad in ({"temperature": -1.0}, {"top_p": 0.0}, {"max_tokens": 0}, {"top_k": 0}, {"draft_vocab": -1}):

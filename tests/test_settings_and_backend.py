@@ -169,3 +169,42 @@ def test_a_backend_refuses_what_it_cannot_do_before_any_work(tokenizer):
     with pytest.raises(BackendCapabilityError, match="script backend cannot run speculative decoding"):
         engine.generate([{"role": "user", "content": "x"}], speculative=True)
     assert backend.sessions == []
+
+
+# -- the engine's default mode ------------------------------------------------------------------------------------
+def test_a_request_without_a_mode_takes_the_engines_default(pair, tokenizer):
+    large, small = pair
+    prompt = tokenizer.encode("Solve it. So the answer")
+    engine = RelayEngine.from_models(large, small, tokenizer, cues=["So"], mode="large", speculative=True)
+    assert engine.mode == "large" and engine.plan(prompt).mode == "large"
+    assert engine.plan(prompt, mode="relay").mode == "relay"  # a request's own mode wins
+    result = engine.generate_ids(prompt, max_new_tokens=6)
+    assert result.usage.small_tokens == 0 and result.usage.draft_tokens > 0  # the small model only drafted
+    assert {span.model for span in result.spans} == {"large"}
+    assert RelayEngine.from_models(large, small, tokenizer).mode == "relay"
+
+
+def test_without_a_small_model_the_default_is_the_large_model_and_relay_is_refused(pair, tokenizer):
+    large, _ = pair
+    engine = RelayEngine.from_models(large, None, tokenizer)
+    assert engine.mode == "large" and engine.plan(tokenizer.encode("Hi")).mode == "large"
+    with pytest.raises(GenerationError) as refused:
+        engine.plan(tokenizer.encode("Hi"), mode="relay")
+    assert refused.value.field == "mode"
+    with pytest.raises(GenerationError) as refused:
+        RelayEngine.from_models(large, None, tokenizer, mode="relay")
+    assert refused.value.field == "mode"
+
+
+def test_a_known_pair_ships_its_default_mode(monkeypatch):
+    from relaygen_integrations.engine.core import policy
+
+    monkeypatch.setattr(policy, "profile_entry", lambda pair, key: {"mode": "large"} if pair == "p" else None)
+    assert policy.shipped_mode("p") == "large"
+    assert policy.shipped_mode(None) == policy.shipped_mode("other") == "relay"
+    monkeypatch.setattr(policy, "profile_entry", lambda pair, key: {"mode": "nonsense"})
+    assert policy.shipped_mode("p") == "relay"  # an entry naming no mode is ignored, not passed on
+    from relaygen_integrations.engine.core.policy import shipped_mode
+
+    monkeypatch.undo()
+    assert shipped_mode("demo") == "large"  # the shipped demo profile (docs/benchmarks.md#the-60-problem-run)

@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import AliasChoices, Field, PrivateAttr, field_validator
 
+from ..engine.core.pairs import known_pair
+from ..engine.core.policy import shipped_mode
 from ..engine.core.settings import GenerationSettings
+from ..engine.core.spans import Mode
 from .setting_fields import settings_model
 
 if TYPE_CHECKING:
@@ -84,6 +87,15 @@ class RelayModelFields(SettingFields):  # type: ignore[misc,valid-type]
         """The configured generation settings, as the layer below a call's keyword arguments (a None is the
         setting's "unset": the engine's default, as merge_settings reads it too)."""
         return {setting: getattr(self, field) for field, setting in ADAPTER_SETTINGS.items()}
+
+    def writing_mode(self) -> Mode:
+        """Who writes when a call names no mode: the field, else the loaded engine's default, else - without loading
+        anything - the mode a known pair's profile ships (``relay`` for any other pair)."""
+        if self.mode is not None:
+            return self.mode  # type: ignore[no-any-return]
+        if self._engine is not None:
+            return self._engine.mode
+        return shipped_mode(known_pair(self.large, self.small))
 
     def load_engine(self) -> RelayEngine:
         """The engine handed to the constructor, or the shared one for this pair (loaded on first use)."""

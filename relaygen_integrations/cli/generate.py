@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from ..engine.core.settings import MODES, GenerationSettings, merge_settings
-from ..engine.core.spans import RelayResult
+from ..engine.core.settings import GenerationSettings, merge_settings
+from ..engine.core.spans import MODES, RelayResult
 from ..prompts import answers_match, extract_answer, gsm8k_reference_answer, load_gsm8k, math_messages
 
 if TYPE_CHECKING:
@@ -39,7 +39,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="compile the one-token decode steps (static KV cache; GPU: CUDA graphs)",
     )
-    parser.add_argument("--mode", default="relay", choices=list(MODES))
+    parser.add_argument(
+        "--mode", default=None, choices=list(MODES), help="who writes (default: the pair profile's choice, else relay)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -121,25 +123,23 @@ def _load(args: argparse.Namespace, console: Console) -> tuple[Any, GenerationSe
     )  # fmt: skip
     with console.status("loading the model pair (first use fetches it) ..."):
         engine = RelayEngine.shared(args.large, args.small, device=args.device, dtype=args.dtype, compile=args.compile)
-    if _bf16_on_cpu(engine):
-        from ..engine.local.cpu import has_native_bf16
-
-        passes = "" if has_native_bf16() else ", and a multi-position pass ~6x on this CPU without bf16 instructions"
+    if _small_bf16_on_cpu(engine):
         console.print(
-            f"[dim]bf16 on a CPU: --dtype fast (int8 here) makes a decode step about 2x cheaper{passes} (answers "
-            "differ from bf16's; see docs/benchmarks.md)[/dim]"
+            "[dim]the small model in bf16 on a CPU: --dtype bf16/int8 (the demo pair's default) makes its step about 2x"
+            " cheaper; as a drafter its format changes no greedy answer (docs/benchmarks.md)[/dim]"
         )
     return engine, settings
 
 
-def _bf16_on_cpu(engine: Any) -> bool:
-    """Whether this engine computes in bf16 on a CPU (where int8 was measured about 2x faster per step)."""
+def _small_bf16_on_cpu(engine: Any) -> bool:
+    """Whether this engine's small model computes in bf16 on a CPU (where int8 was measured 2.3x faster per step;
+    the large model stays bf16 by default: in int8 it lost problems, docs/benchmarks.md)."""
     import torch
 
-    if engine.backend.kind != "local":
+    if engine.backend.kind != "local" or "small" not in engine.backend.roles:
         return False
-    models = [engine.backend.local_model(role) for role in engine.backend.roles]
-    return any(getattr(m, "dtype", None) == torch.bfloat16 and m.device.type == "cpu" for m in models)
+    model = engine.backend.local_model("small")
+    return getattr(model, "dtype", None) == torch.bfloat16 and model.device.type == "cpu"
 
 
 def _show(engine: Any, messages: list[dict[str, str]], settings: GenerationSettings, console: Console) -> RelayResult:
@@ -172,11 +172,12 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def describe_mode(engine: RelayEngine, settings: GenerationSettings) -> str:
-    """How a run's header names what ran: the mode, plus verification (the request's rule or the engine's default)
-    and speculation when on."""
-    parts = [settings.mode]
+    """How a run's header names what ran: the mode (the request's or the engine's default), plus verification (the
+    request's rule or the engine's default) and speculation when on."""
+    mode = settings.mode or engine.mode
+    parts = [mode]
     verify = engine.verify if settings.verify is None else settings.verify
-    if settings.mode == "relay" and verify:
+    if mode == "relay" and verify:
         parts.append(f"verified ({verify.spec})")
     if engine.speculative if settings.speculative is None else settings.speculative:
         parts.append("self-speculative")
@@ -196,7 +197,8 @@ def run_demo(args: argparse.Namespace) -> int:
     engine, settings = _load(args, console)
     alone = settings.model_copy(update={"mode": "large", "verify": False, "speculative": False})
     runs = [("large alone", alone)] if args.compare else []
-    if not (args.compare and settings.mode == "large"):
+    speculates = engine.speculative if settings.speculative is None else settings.speculative
+    if not (args.compare and (settings.mode or engine.mode) == "large" and not speculates):
         runs.append((describe_mode(engine, settings), settings))
     if args.json:
         results = {name: engine.generate(messages, settings=run) for name, run in runs}
@@ -212,7 +214,7 @@ def run_demo(args: argparse.Namespace) -> int:
         console.rule(f"{name} (reference answer: {reference})")
         shown[name] = _show(engine, messages, run, console)
     if len(shown) > 1:
-        console.rule("what relay bought on this question")
+        console.rule(f"{runs[-1][0]} against the large model alone on this question")
         console.print(comparison_table(shown, reference))
         console.print(speedup_sentence(shown), soft_wrap=True)
     sys.stdout.flush()

@@ -23,7 +23,7 @@ from .core.cues import CueConfigError, CueSet, resolve_cues
 from .core.guard import EngineBusyError, RequestLock, check_prompt_ids, policy_config
 from .core.loop import drive
 from .core.pairs import reasoning_end_marker
-from .core.policy import PolicyConfig, RelayPolicy
+from .core.policy import PolicyConfig, RelayPolicy, shipped_mode
 from .core.prompt import chat_of_checked, render_chat_ids, render_prompt_ids
 from .core.settings import (
     GenerationError,
@@ -34,7 +34,7 @@ from .core.settings import (
     merge_settings,
     shown,
 )
-from .core.spans import FinalEvent, RelayResult, StreamEvent
+from .core.spans import FinalEvent, Mode, RelayResult, StreamEvent
 from .core.transcript import Transcript
 from .core.verify import VerifyRule, parse_verify_default, shipped_verify_rule
 from .local.backend import LocalBackend
@@ -71,6 +71,7 @@ class RelayEngine:
         policy: PolicyConfig | Mapping[str, Any] | None = None,
         *,
         pair_name: str | None = None,
+        mode: Mode | None = None,
         speculative: bool | int = False,
         verify: VerifyRule | str | None = None,
     ) -> None:
@@ -86,7 +87,10 @@ class RelayEngine:
         self._cue_cache: dict[Any, CueSet] = {}
         # The ids every model of the pair can read: the tokenizer's, and no more than the backend's models take.
         self.vocab_size = min(len(tokenizer), backend.vocab_size)
-        # The default for requests that do not say; validated like a request's own.
+        # The defaults for requests that do not say; validated like a request's own.
+        # ``mode=None``: relay when there is a small model, else the large model alone.
+        fallback: Mode = "relay" if "small" in backend.roles else "large"
+        self.mode: Mode = self._checked_mode(merge_settings({"mode": mode}).mode or fallback)
         self.speculative = self._draft_limit(merge_settings({"speculative": speculative}), default=0)
         try:  # the rule for requests that leave ``verify`` unset; None = off
             self.verify = parse_verify_default(verify)
@@ -107,6 +111,7 @@ class RelayEngine:
         small_name: str = "small",
         pair_name: str | None = None,
         reuse_prefix: bool = True,
+        mode: Mode | None = None,
         speculative: bool | int = False,
         verify: VerifyRule | str | None = None,
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
@@ -122,7 +127,9 @@ class RelayEngine:
             large, small, tokenizer, large_name=large_name, small_name=small_name, reuse_prefix=reuse_prefix,
             draft_confidence=draft_confidence, draft_vocab=draft_vocab, cache=cache_options(kv_cache, compile),
         )  # fmt: skip
-        return cls(backend, tokenizer, cues, policy, pair_name=pair_name, speculative=speculative, verify=verify)
+        return cls(
+            backend, tokenizer, cues, policy, pair_name=pair_name, mode=mode, speculative=speculative, verify=verify
+        )
 
     @classmethod
     def from_pretrained(
@@ -137,6 +144,7 @@ class RelayEngine:
         trust_remote_code: bool = False,
         allow_pickle: bool = False,
         reuse_prefix: bool = True,
+        mode: Mode | Literal["auto"] = "auto",
         speculative: bool | int | Literal["auto"] = "auto",
         verify: VerifyRule | str | None = "auto",
         draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
@@ -147,10 +155,11 @@ class RelayEngine:
         """Loads both models (a known pair name such as ``"demo"``, a local directory, or a hub id).
 
         The tokenizer and chat template come from the large model; the small model's tokenizer must agree with it.
-        ``verify="auto"`` / ``draft_vocab="auto"`` / ``speculative="auto"`` / ``dtype="auto"``: the verification
-        rule / draft vocabulary / speculation / per-model weight formats the pair's shipped profile names (the demo
-        pair's were chosen from benchmark runs), else none / the whole vocabulary / off / bf16. ``dtype`` may give
-        each model its own format: ``"bf16/int8"`` (large/small) or ``{"large": "bf16", "small": "int8"}``.
+        ``mode="auto"`` / ``verify="auto"`` / ``draft_vocab="auto"`` / ``speculative="auto"`` / ``dtype="auto"``: who
+        writes / the verification rule / draft vocabulary / speculation / per-model weight formats the pair's shipped
+        profile names (the demo pair's were chosen from benchmark runs: the large model writing, the small one in
+        int8 drafting), else relay / none / the whole vocabulary / off / bf16. ``dtype`` may give each model its own
+        format: ``"bf16/int8"`` (large/small) or ``{"large": "bf16", "small": "int8"}``.
         """
         loaded = load_pair(large, small, pick_device(device), dtype, trust_remote_code, allow_pickle)
         large_model, small_model, tokenizer, pair_name = loaded.large, loaded.small, loaded.tokenizer, loaded.pair_name
@@ -164,6 +173,7 @@ class RelayEngine:
             small_name=loaded.small_name,
             pair_name=pair_name,
             reuse_prefix=reuse_prefix,
+            mode=shipped_mode(pair_name) if mode == "auto" else mode,
             speculative=shipped_speculative(pair_name) if speculative == "auto" else speculative,
             verify=shipped_verify_rule(pair_name) if verify == "auto" else verify,
             draft_confidence=draft_confidence,
@@ -208,10 +218,12 @@ class RelayEngine:
 
         ``options``: ``api_key``, ``timeout``, ``retries``, ``large_model``/``small_model`` (served model names;
         default: the first each server lists), ``context_window``, ``server_stops`` (default True),
-        ``trust_remote_code``; ``verify`` (the default rule; needs a server that scores prompts). Design:
+        ``trust_remote_code``; ``verify`` (the default rule; needs a server that scores prompts); ``mode`` (the
+        default for requests that name none: relay, or ``"large"`` without a small server). Design:
         ``engine/remote/backend.py``.
         """
         verify = options.pop("verify", None)
+        mode = options.pop("mode", None)
         try:
             from .remote.backend import RemoteBackend
         except ModuleNotFoundError as exc:
@@ -219,7 +231,7 @@ class RelayEngine:
                 raise
             raise ImportError("the remote backend needs httpx: pip install 'relaygen-integrations[serve]'") from exc
         backend = RemoteBackend(large, small, tokenizer, **options)
-        return cls(backend, backend.tokenizer, cues, policy, verify=verify)
+        return cls(backend, backend.tokenizer, cues, policy, mode=mode, verify=verify)
 
     # -- identity and lifetime ------------------------------------------------------------------------------------
     @property
@@ -278,9 +290,7 @@ class RelayEngine:
         (built with ``merge_settings``) and/or keyword ``overrides``: the fields of :class:`GenerationSettings`."""
         if overrides or not isinstance(settings, GenerationSettings):
             settings = merge_settings(settings, overrides)
-        roles = self.backend.roles
-        if settings.mode != "large" and "small" not in roles:
-            raise GenerationError(f"mode {settings.mode!r} needs a small model, and this engine has none", "mode")
+        mode = self.mode if settings.mode is None else self._checked_mode(settings.mode)
         ids = check_prompt_ids(prompt_ids, self.vocab_size)
         if not ids:
             raise PromptError("the prompt is empty", "prompt_ids")
@@ -297,6 +307,7 @@ class RelayEngine:
             cues=self._request_cues(settings.cues),
             speculative=self._draft_limit(settings, self.speculative),
             verify=self.verify if settings.verify is None else settings.verify or None,
+            mode=mode,
         )
         self.backend.check(plan)
         return plan
@@ -317,6 +328,11 @@ class RelayEngine:
             except CueConfigError as exc:
                 raise GenerationError(str(exc), "cues") from exc
         return cached
+
+    def _checked_mode(self, mode: Mode) -> Mode:
+        if mode != "large" and "small" not in self.backend.roles:
+            raise GenerationError(f"mode {mode!r} needs a small model, and this engine has none", "mode")
+        return mode
 
     def _draft_limit(self, settings: GenerationSettings, default: int) -> int:
         limit = settings.draft_limit(default)

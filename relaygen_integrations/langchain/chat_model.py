@@ -87,9 +87,9 @@ class RelayChatModel(RelayModelFields, BaseChatModel):
 
     @property
     def model_name(self) -> str:
-        if self._engine is not None:
-            return f"relay({self._engine.large_name}+{self._engine.small_name})"
-        return f"relay({self.large}+{self.small})"
+        engine = self._engine
+        large, small = (engine.large_name, engine.small_name) if engine is not None else (self.large, self.small)
+        return f"{self.writing_mode()}({large}+{small})"
 
     @property
     def _identifying_params(self) -> dict[str, Any]:

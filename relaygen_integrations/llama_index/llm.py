@@ -118,7 +118,7 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
             large, small = self._engine.large_name, self._engine.small_name
         else:
             large, small = _display_name(self.large, "large"), _display_name(self.small, "small")
-        return f"relay({large}+{small})" if self.mode == "relay" else f"{self.mode}({large}+{small})"
+        return f"{self.writing_mode()}({large}+{small})"
 
     # -- request building --------------------------------------------------------------------------------------
     def _settings(self, overrides: Mapping[str, Any]) -> GenerationSettings:

@@ -157,7 +157,7 @@ class SingleModel:
                 f"max_tokens asks for {max_tokens} more"
             )
         settings = GenerationSettings(mode="large", max_new_tokens=max_tokens, stop=stop, **sampling.model_dump())
-        plan = GenerationPlan(prompt_ids, settings, max_tokens, _NO_CUES)
+        plan = GenerationPlan(prompt_ids, settings, max_tokens, _NO_CUES, mode="large")
         # One writer, no cues: the transcript does text, stops and the budget exactly as in a relay generation.
         transcript = Transcript(self.tokenizer, prompt_ids, RelayPolicy(_NO_CUES, mode="large"), stop, self.eos_ids,
                                 max_tokens)  # fmt: skip

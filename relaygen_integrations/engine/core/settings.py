@@ -18,7 +18,6 @@ from .cues import CueSet
 from .spans import Mode
 from .verify import VerifyRule, VerifySetting, parse_verify
 
-MODES: tuple[Mode, ...] = ("relay", "large", "small")
 MAX_DRAFT_LIMIT = 64
 DEFAULT_MAX_DRAFT = 6  # self-speculation's draft length for ``speculative=True`` (tuned: docs/benchmarks.md)
 # The other names callers use for a setting: OpenAI's and LangChain's ``max_tokens``, LangChain's ``stop_sequences``.
@@ -94,8 +93,9 @@ class GenerationSettings(BaseModel):
     """Seed for sampling (temperature > 0)."""
     stop: tuple[str, ...] = ()
     """Stop strings (they hold across a switch too)."""
-    mode: Mode = "relay"
-    """'relay', or one model alone through the same loop (baselines)."""
+    mode: Mode | None = None
+    """'relay', or one model alone through the same loop ('large' with ``speculative`` is self-speculative decoding);
+    None = the engine's default (for the demo pair: what its profile ships, ``docs/benchmarks.md``)."""
     cues: CueSet | str | tuple[str, ...] | None = None
     """Switch cues: a preset, a profile path or a list; None = the engine's (the calibrated profile of a known pair,
     else the generic preset)."""
@@ -204,10 +204,7 @@ class GenerationPlan:
     cues: CueSet  # the request's own, or the engine's when the request names none
     speculative: int = 0  # maximum draft length of self-speculative decoding; 0 = off
     verify: VerifyRule | None = None  # the request's rule, or the engine's default; None = off
-
-    @property
-    def mode(self) -> Mode:
-        return self.settings.mode
+    mode: Mode = "relay"  # the request's, or the engine's default when the request names none
 
     @property
     def sampling(self) -> SamplingParams:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 ModelRole = Literal["large", "small"]
 Mode = Literal["relay", "large", "small"]  # who writes: both models, or one alone (the baselines)
+MODES: tuple[Mode, ...] = ("relay", "large", "small")
 FinishReason = Literal["stop", "length", "stop_sequence", "cancelled"]
 
 
