@@ -95,13 +95,14 @@ def decode_ms(model: torch.nn.Module, device: torch.device, steps: int, variant:
 def pass_steps(model: torch.nn.Module, device: torch.device) -> dict[int, float]:
     """A forward over k positions (eager, DynamicCache, all logits kept) in one-token steps."""
     cache = DynamicCache(config=model.config)
+    kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.inference_mode():
-        model(torch.randint(1000, 20000, (1, 256), device=device), cache=cache, use_cache=True)
+        model(torch.randint(1000, 20000, (1, 256), device=device), use_cache=True, **{kwarg: cache})
         costs: dict[int, list[float]] = {k: [] for k in (1, 4, 8, 32)}
         for _ in range(5):
             for k in costs:
                 ids = torch.randint(1000, 20000, (1, k), device=device)
-                costs[k].append(timed(device, lambda ids=ids, k=k: model(ids, cache=cache, logits_to_keep=k)))
+                costs[k].append(timed(device, lambda ids=ids, k=k: model(ids, logits_to_keep=k, **{kwarg: cache})))
                 cache.crop(-k)
     one = statistics.median(costs[1])
     return {k: statistics.median(v) / one for k, v in costs.items()}
@@ -115,6 +116,10 @@ def main() -> None:
     parser.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--tokens", type=int, default=0, help="tokens per engine run (default: 256 GPU, 96 CPU)")
     parser.add_argument("--skip-engine", action="store_true", help="only the per-step and per-pass costs")
+    parser.add_argument(
+        "--tokenizer", default=None, help="a tokenizer folder of the demo pair: without its weights, the engine's own "
+        "loop in mode large runs on the random models (its per-token overhead over the raw step)",
+    )  # fmt: skip
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16
@@ -136,8 +141,35 @@ def main() -> None:
     for role, model in models.items():
         steps = pass_steps(model, device)
         print(f"| {role} | " + " | ".join(f"{steps[k]:.2f}" for k in (1, 4, 8, 32)) + " |")
+    tokens = args.tokens or (256 if device.type == "cuda" else 96)
     if pair is not None and not args.skip_engine:
-        engine_speeds(pair, args.compile, args.tokens or (256 if device.type == "cuda" else 96))
+        engine_speeds(pair, args.compile, tokens)
+    elif args.tokenizer and not args.skip_engine:
+        engine_overhead(models, args.tokenizer, variants, ms["large"], tokens)
+
+
+def engine_overhead(
+    models: dict[str, torch.nn.Module], tokenizer_dir: str, variants: list[str], step_ms: dict[str, float], tokens: int
+) -> None:
+    """The engine's loop in mode ``large`` on the random models, per runner, against the raw one-token step measured
+    above: what the engine adds per token (sampling, events, spans, stop checks) on this device. Random weights write
+    noise, so relay and speculation are not run here (no cue would occur; drafts would never be accepted)."""
+    from relaygen_integrations import RelayEngine
+    from relaygen_integrations.engine.core.pairs import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    messages = [{"role": "user", "content": "What is 12 times 7? Reason step by step."}]
+    runners = {"eager": {}, "static": {"kv_cache": "static"}, "compiled": {"compile": True}}
+    print(f"\nEngine loop, mode large, random weights, {tokens} new tokens (fewer if an end-of-text token comes up):\n")
+    print("| engine runner | tokens | ms/token | raw step ms | engine overhead |")
+    print("|---|---|---|---|---|")
+    for runner in variants:
+        engine = RelayEngine.from_models(models["large"], None, tokenizer, mode="large", **runners[runner])
+        engine.generate(messages, max_new_tokens=16)  # warm-up (and, compiled, the capture)
+        result = engine.generate(messages, max_new_tokens=tokens)
+        per_token = result.elapsed / max(result.usage.completion_tokens, 1) * 1000
+        raw = step_ms[runner]
+        print(f"| {runner} | {result.usage.completion_tokens} | {per_token:.2f} | {raw:.2f} | {per_token / raw:.2f}x |")
 
 
 def engine_speeds(models: dict[str, torch.nn.Module], compile: bool, max_new_tokens: int) -> None:

@@ -2,7 +2,7 @@
 # Device check (docs/gpu.md): decode cost per model eager vs static cache vs compiled (CUDA graphs), r, pass costs,
 # and relay / relay-spec vs large through the engine where the demo pair is on disk. Needs only the repo and a
 # Python with a CUDA build of torch plus transformers (the repo's .venv if present); fetches nothing.
-#   bash benchmarks/gpu_check.sh [--steps 64] [--no-compile] [--tiny]
+#   bash benchmarks/gpu_check.sh [--steps 64] [--no-compile] [--tiny] [--tokenizer DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"

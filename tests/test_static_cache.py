@@ -59,6 +59,21 @@ def test_static_cache_writes_the_eager_runners_tokens(engine_over, mode, setting
     assert all(runner.options.static for runner in static.backend.runners.values())
 
 
+def test_static_layers_without_crop_roll_back_the_same(engine_over, monkeypatch):
+    """transformers releases before 5.2x (5.17 on the GPU image, benchmarks/data/gpu-h200) have static layers without
+    ``crop``: the rollbacks of speculation and verified relay must still give the eager runner's tokens there."""
+    from transformers.cache_utils import StaticLayer
+
+    eager = engine_over()
+    prompt_ids = eager.encode_messages(MESSAGES)
+    settings = {"verify": "prob:0.3", "speculative": 3}
+    expected = eager.generate_ids(prompt_ids, max_new_tokens=40, **settings)
+    monkeypatch.delattr(StaticLayer, "crop")
+    got = engine_over(kv_cache="static").generate_ids(prompt_ids, max_new_tokens=40, **settings)
+    assert outcome(got) == outcome(expected)
+    assert expected.usage.rejected_tokens > 0  # the run rolled back
+
+
 def test_the_cases_cover_switches_rollbacks_and_rejections(engine_over):
     """The exactness above means something only if the runs switch, roll back and reject."""
     engine = engine_over()

@@ -110,8 +110,13 @@ def rewind(cache: Cache, keep: int) -> None:
     lengths - without freeing a static cache's buffers (a compiled step keeps their addresses)."""
     for layer in cache.layers:
         held = int(layer.get_seq_length())
-        if held > keep:
+        if held > keep and hasattr(layer, "crop"):
             layer.crop(keep - held)  # a negative count means "remove this many": what every 5.x release accepts
+        elif held > keep:
+            # Static layers before transformers 5.2x have no crop (5.17 on the GPU image; benchmarks/data/gpu-h200):
+            # move the write position back in place, as their crop does where it exists (a compiled step holds the
+            # tensor's address).
+            layer.cumulative_length.sub_(held - keep)  # type: ignore[attr-defined]
 
 
 def compile_decode_step(model: PreTrainedModel) -> Callable[..., Any]:
