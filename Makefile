@@ -9,7 +9,7 @@ setup:
 models: setup
 	@$(VENV)/relaygen models fetch demo
 
-# Relay generation on a GSM8K question, coloured by the model that wrote each span.
+# A GSM8K question answered by the large model alone and by the pair's default (the small model drafting), compared.
 demo: models
 	@$(VENV)/relaygen demo
 

@@ -110,13 +110,31 @@ def test_template_renders_tools_tool_calls_and_tool_results(tokenizer):
     [
         ([], "empty"),
         ([{"role": "wizard", "content": "x"}], "unknown role 'wizard'"),
-        ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "images, audio"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "type 'image_url'.*text only"),
+        ([{"role": "user", "content": [{"type": "text", "text": 3}]}], r"content\[0\]\.text must be a string"),
+        ([{"role": "user", "content": []}], "empty list of content parts"),
         ("hello", "list of"),
     ],
 )
 def test_bad_messages_are_named(tokenizer, messages, message):
     with pytest.raises(MessageError, match=message):
         render_prompt_text(tokenizer, messages)
+
+
+def test_text_parts_and_the_developer_role_render_as_text_and_system(tokenizer):
+    plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi\nthere"}]
+    parts = [
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]},
+    ]
+    assert render_prompt_ids(tokenizer, parts) == render_prompt_ids(tokenizer, plain)
+
+
+def test_a_non_text_part_is_refused_naming_where_it_is(tokenizer):
+    parts = [{"type": "text", "text": "look"}, {"type": "input_audio", "input_audio": {}}]
+    with pytest.raises(MessageError) as refused:
+        render_prompt_text(tokenizer, [{"role": "user", "content": "a"}, {"role": "user", "content": parts}])
+    assert refused.value.field == "messages[1].content[1].type" and "input_audio" in str(refused.value)
 
 
 def _scripted(tokenizer, reference: str, prefix: str = ""):

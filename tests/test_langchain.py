@@ -290,6 +290,21 @@ def test_tool_use_blocks_in_ai_content_are_skipped():
         convert_messages([HumanMessage([{"type": "image", "url": "https://example.com/x.png"}])])
 
 
+def test_text_blocks_and_the_developer_role_give_the_plain_prompt(tokenizer):
+    from langchain_core.messages import ChatMessage
+
+    from relaygen_integrations.engine.core.prompt import render_prompt_ids
+
+    plain = convert_messages([SystemMessage("Be brief."), HumanMessage("hi\nthere")])
+    blocks = convert_messages(
+        [
+            ChatMessage(role="developer", content=[{"type": "text", "text": "Be brief."}]),
+            HumanMessage([{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]),
+        ]
+    )
+    assert render_prompt_ids(tokenizer, blocks) == render_prompt_ids(tokenizer, plain)
+
+
 def test_fenced_json_call_with_auto_tool_choice(tokenizer):
     """Qwen2.5-Coder-1.5B writes optional calls as a fenced JSON block; with tools bound that is a tool call."""
     reply = 'Let me compute.\n```json\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n```'

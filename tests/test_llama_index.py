@@ -290,6 +290,18 @@ def test_message_conversion_with_tool_roles(tokenizer):
     assert to_relay_messages([ChatMessage(role=MessageRole.DEVELOPER, content="x")])[0]["role"] == "system"
 
 
+def test_text_blocks_give_the_plain_prompt(tokenizer):
+    from relaygen_integrations.engine.core.prompt import render_prompt_ids
+
+    plain = [ChatMessage(role=MessageRole.SYSTEM, content="Be brief."), ChatMessage(role="user", content="hi\nthere")]
+    blocks = [
+        ChatMessage(role=MessageRole.DEVELOPER, blocks=[TextBlock(text="Be brief.")]),
+        ChatMessage(role=MessageRole.USER, blocks=[TextBlock(text="hi"), TextBlock(text="there")]),
+    ]
+    converted = [to_relay_messages(m) for m in (plain, blocks)]
+    assert render_prompt_ids(tokenizer, converted[1]) == render_prompt_ids(tokenizer, converted[0])
+
+
 def test_images_are_refused_with_a_clear_error(tokenizer):
     llm = RelayLLM(engine=make_engine(tokenizer, BASIC))
     message = ChatMessage(

@@ -134,3 +134,59 @@ def test_a_langchain_token_callback_calling_the_same_model_does_not_hang(engine)
     assert message.content == "We add two and three. So THE ANSWER IS FIVE. Then we are done."
     assert len(handler.errors) == 1 and isinstance(handler.errors[0], EngineBusyError)
     assert within(30, lambda: model.invoke("Again", max_tokens=3).content) == "We add two"
+
+
+# -- sync and async on one thread: a typed error at once, never a wait -------------------------------------------------
+def test_an_async_call_from_a_thread_with_an_open_sync_stream_fails_at_once(engine):
+    def nested() -> list[BaseException]:
+        errors = []
+        stream = engine.stream(PROMPT, max_new_tokens=5)
+        next(stream)
+        try:
+            asyncio.run(engine.agenerate(PROMPT, max_new_tokens=2))
+        except EngineBusyError as exc:
+            errors.append(exc)
+        stream.close()
+        return errors
+
+    errors = within(1, nested)
+    assert len(errors) == 1 and "an async call here would wait" in str(errors[0])
+    assert within(30, lambda: asyncio.run(engine.agenerate(PROMPT, max_new_tokens=2)).usage.completion_tokens) == 2
+
+
+async def test_a_sync_call_inside_an_async_stream_on_the_loop_fails_at_once(engine):
+    errors = []
+    started = asyncio.get_running_loop().time()
+    async for _event in engine.astream(PROMPT, max_new_tokens=5):
+        try:
+            engine.generate(PROMPT, max_new_tokens=2)  # would block this loop until the stream ends
+        except EngineBusyError as exc:
+            errors.append(exc)
+        break
+    assert asyncio.get_running_loop().time() - started < 1
+    assert len(errors) == 1 and "await engine.agenerate" in str(errors[0])
+
+
+def test_langchain_ainvoke_while_a_stream_of_the_model_is_open_fails_at_once(engine):
+    model = RelayChatModel(engine=engine, max_tokens=5)
+
+    def nested() -> BaseException | None:
+        stream = model.stream("Add two and three.")
+        next(stream)
+        try:
+            asyncio.run(model.ainvoke("Nested", max_tokens=2))
+        except EngineBusyError as exc:
+            return exc
+        finally:
+            stream.close()
+        return None
+
+    assert isinstance(within(1, nested), EngineBusyError)
+
+
+async def test_an_async_stream_dropped_without_aclose_frees_the_engine(engine):
+    dropped = engine.astream(PROMPT, max_new_tokens=4000)
+    await dropped.__anext__()
+    del dropped  # no aclose(): the loop finalizes the generator, which stops its worker within one step
+    result = await asyncio.wait_for(engine.agenerate(PROMPT, max_new_tokens=2), timeout=5)
+    assert result.usage.completion_tokens == 2

@@ -67,8 +67,16 @@ NO_FUNCTION = [
         ({"temperature": float("nan")}, "temperature"),
         ({"top_p": 2}, "top_p"),
         ({"verify": "sometimes"}, "verify"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "content must be text"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "content part of type 'image_url'"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "parameters"),
+        ({"logprobs": True}, "logprobs=true is not supported: log probabilities"),
+        ({"top_logprobs": 3}, "top_logprobs=3"),
+        ({"presence_penalty": 0.5}, "presence_penalty=0.5"),
+        ({"logit_bias": {"12": 5}}, "logit_bias"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"functions": [{"name": "f"}]}, "send tools"),
+        ({"parallel_tool_calls": False}, "parallel_tool_calls=false"),
+        ({"store": True}, "stores nothing"),
     ],
 )
 def test_every_bad_request_is_a_400_in_openai_shape(client, body, named):
@@ -77,6 +85,28 @@ def test_every_bad_request_is_a_400_in_openai_shape(client, body, named):
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == 400
     assert named in error["message"]
+
+
+def test_text_parts_and_the_developer_role_over_http_are_the_plain_request(client, local):
+    # What the OpenAI SDK, ChatOpenAI's content blocks and many UIs send.
+    plain = [{"role": "system", "content": "Be brief."}, *MESSAGES]
+    parts = [
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": MESSAGES[0]["content"]}]},
+    ]
+    expected, got = (post(client, {"messages": m, "max_tokens": 6}).json() for m in (plain, parts))
+    assert got["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"] == len(local.encode_messages(plain))
+    assert got["choices"][0]["message"]["content"] == expected["choices"][0]["message"]["content"]
+
+
+def test_openai_fields_that_ask_for_nothing_more_are_accepted(client):
+    neutral = {
+        "logprobs": False, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "modalities": ["text"],
+        "parallel_tool_calls": True, "store": False, "user": "u-1", "metadata": {"k": "v"}, "service_tier": "auto",
+        "stream_options": {"include_usage": True}, "seed": 3,
+    }  # fmt: skip
+    response = post(client, neutral)
+    assert response.status_code == 200, response.text
 
 
 def test_control_token_text_over_http_is_text(client, local):
@@ -111,11 +141,11 @@ class Generations:
         self.cancel: threading.Event | None = None
         self.ended = threading.Event()
 
-    def __call__(self, *args: Any) -> Iterator[Any]:
+    def __call__(self, *args: Any, **options: Any) -> Iterator[Any]:
         *_, self.cancel = args
         self.ended.clear()
         try:
-            yield from self.generate(*args)
+            yield from self.generate(*args, **options)
         finally:
             self.ended.set()
 
@@ -234,3 +264,63 @@ def test_the_single_model_server_refuses_bad_prompts_with_a_400(tokenizer, local
             assert response.status_code == 400 and named in response.json()["error"]["message"]
         response = single.post("/v1/completions", json={"prompt": "x", "seed": 2**70, "temperature": 0.5})
         assert response.status_code == 400 and "seed" in response.json()["error"]["message"]
+
+
+BIG_BODY_SENDERS = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+import httpx
+messages = [{"role": ("user", "assistant")[i % 2], "content": f"message number {i}"} for i in range(20000)]
+body = json.dumps({"messages": messages, "max_tokens": 4}).encode()
+assert len(body) > 600_000
+def send(_):
+    with httpx.Client(timeout=120) as client:
+        headers = {"content-type": "application/json"}
+        return client.post(sys.argv[1] + "/chat/completions", content=body, headers=headers).status_code
+with ThreadPoolExecutor(8) as pool:
+    print(json.dumps(list(pool.map(send, range(8)))))
+"""
+
+
+def test_big_bodies_do_not_stall_the_event_loop():
+    """Eight 20,000-message bodies at once, each turned away for its length after it is rendered and tokenized
+    (about a second of work each), while a client polls /v1/models every 20 ms: every poll answers within 50 ms,
+    since request work runs off the event loop."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from test_remote import unused_port
+
+    port = unused_port()
+    server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("tiny_server.py")), str(port)])
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        with httpx.Client(timeout=60) as client:
+            deadline = time.monotonic() + 120
+            while True:  # a poll with a deadline for the process to start, not a bound on how fast it starts
+                try:
+                    if client.get(f"{base}/models").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline and server.poll() is None, "the test server did not start"
+                time.sleep(0.2)
+            # The eight senders run in a process of their own too: in this one, their threads would hold up the
+            # polling thread's GIL, and the polls would time the client rather than the server.
+            command = [sys.executable, "-c", BIG_BODY_SENDERS, base]
+            senders = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+            polls: list[float] = []
+            while senders.poll() is None:
+                started = time.perf_counter()
+                assert client.get(f"{base}/models").status_code == 200
+                polls.append(time.perf_counter() - started)
+                time.sleep(0.02)
+            statuses = json.loads(senders.stdout.read())
+        assert statuses == [400] * 8  # each turned away for its length, with an error naming it
+        slowest_ms = [round(p * 1000) for p in sorted(polls)[-4:]]
+        assert len(polls) > 20 and max(polls) < 0.05, (len(polls), slowest_ms)
+    finally:
+        server.terminate()
+        server.wait(30)

@@ -7,6 +7,7 @@ final parsed result.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from .tool_calls import (
 )
 
 if TYPE_CHECKING:
-    from ..engine.core.settings import GenerationSettings
+    from ..engine.core.settings import GenerationPlan, GenerationSettings
     from ..engine.core.spans import ModelRole, RelayResult, StreamEvent, SwitchEvent
     from ..engine.engine import RelayEngine
 
@@ -205,9 +206,20 @@ def stream_chat(engine: RelayEngine, request: ChatRequest, cancel: Any = None) -
         yield from assembler.on_event(event)
 
 
-async def astream_chat(engine: RelayEngine, request: ChatRequest) -> AsyncIterator[ChatDelta]:
+def plan_chat(engine: RelayEngine, request: ChatRequest) -> GenerationPlan:
+    """The request rendered, tokenized and planned (its length checked): the CPU work before any model work."""
+    return engine.plan(_prompt_ids(engine, request), request.settings)
+
+
+async def astream_chat(
+    engine: RelayEngine, request: ChatRequest, plan: GenerationPlan | None = None
+) -> AsyncIterator[ChatDelta]:
+    """The async stream of a chat request. ``plan``: :func:`plan_chat`'s, if the caller made it already; otherwise
+    it is made on a worker thread, since rendering and tokenizing a long chat would stall the event loop."""
     assembler = _assembler(request)
-    events = engine.astream_plan(engine.plan(_prompt_ids(engine, request), request.settings))
+    if plan is None:
+        plan = await asyncio.to_thread(plan_chat, engine, request)
+    events = engine.astream_plan(plan)
     async for event in events:
         for delta in assembler.on_event(event):
             yield delta

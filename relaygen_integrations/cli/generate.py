@@ -1,5 +1,6 @@
-"""`relaygen generate` and `relaygen demo`: stream a relay generation, coloured by model, then a stats line; the demo
-also runs the large model alone on the same question and compares answers and speed."""
+"""`relaygen generate` and `relaygen demo`: stream a generation (the pair's default mode, or ``--mode``), coloured by
+model, then a stats line; the demo also runs the large model alone on the same question and compares answers and
+the time to the answer."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_generate_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("generate", help="relay-generate an answer to a prompt")
+    parser = sub.add_parser("generate", help="generate an answer to a prompt (the pair's default mode, or --mode relay)")
     parser.add_argument("prompt", help="the user message")
     parser.add_argument("--system", default=None, help="optional system message")
     _add_engine_options(parser)
@@ -85,7 +86,9 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "demo", help="a GSM8K question answered by the large model alone and by relay, coloured by model, compared"
+        "demo",
+        help="a GSM8K question answered by the large model alone and by the pair's default (or --mode), coloured by "
+        "model, compared",
     )
     parser.add_argument("--data", type=Path, default=None, help="GSM8K jsonl (default: five shipped test problems)")
     parser.add_argument("--index", type=int, default=0, help="which problem")
@@ -185,8 +188,9 @@ def describe_mode(engine: RelayEngine, settings: GenerationSettings) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """One GSM8K question, answered by the large model alone and then by relay (the command's mode and settings):
-    both answers, checked against the reference, and relay's measured speed per token against the large model's."""
+    """One GSM8K question, answered by the large model alone and then with the command's mode and settings (by default
+    the pair's: for the demo pair the large model with the small one drafting): both answers, checked against the
+    reference, and the time to the answer against the large model's."""
     console = Console(stderr=args.json)
     records = load_gsm8k(args.data)
     if not 0 <= args.index < len(records):

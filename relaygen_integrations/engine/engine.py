@@ -37,6 +37,7 @@ from .core.settings import (
 from .core.spans import FinalEvent, Mode, RelayResult, StreamEvent
 from .core.transcript import Transcript
 from .core.verify import VerifyRule, parse_verify_default, shipped_verify_rule
+from .core.worker_stream import stream_on_worker
 from .local.backend import LocalBackend
 from .local.draft_head import DraftVocab, shipped_draft_vocab
 from .local.kv import KVCacheKind, cache_options
@@ -45,14 +46,6 @@ from .local.speculative import DEFAULT_DRAFT_CONFIDENCE, shipped_speculative
 from .local.weights import PairDTypeSpec
 
 __all__ = ["BackendCapabilityError", "EngineBusyError", "GenerationError", "GenerationPlan", "RelayEngine"]
-
-
-class _Failure:
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-_DONE = object()
 
 
 class RelayEngine:
@@ -343,7 +336,9 @@ class RelayEngine:
         return limit
 
     # -- running ------------------------------------------------------------------------------------------------
-    def run_plan(self, plan: GenerationPlan, cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
+    def run_plan(
+        self, plan: GenerationPlan, cancel: threading.Event | None = None, requester: int | None = None
+    ) -> Iterator[StreamEvent]:
         """The stream of one planned request; closing it stops generation. Holds the engine lock while it runs when
         the backend serializes requests: from its first event until it is exhausted, closed or garbage-collected,
         other threads' requests wait, and a request from this thread raises :class:`EngineBusyError` at once. A
@@ -351,7 +346,7 @@ class RelayEngine:
         if cancel is not None and not callable(getattr(cancel, "is_set", None)):
             raise SettingsError(f"cancel must be a threading.Event, got {shown(cancel)}", "cancel")
         what = f"a {plan.mode} request for {plan.max_new_tokens} tokens"
-        with self._lock.hold(what) if self.backend.serialized else contextlib.nullcontext():
+        with self._lock.hold(what, requester) if self.backend.serialized else contextlib.nullcontext():
             policy = RelayPolicy(plan.cues, self.policy_config, plan.mode)
             transcript = Transcript(
                 self.tokenizer, plan.prompt_ids, policy, plan.stop, self.eos_ids, plan.max_new_tokens,
@@ -412,38 +407,14 @@ class RelayEngine:
 
     async def astream_plan(self, plan: GenerationPlan) -> AsyncIterator[StreamEvent]:
         """Runs the plan on a worker thread and hands events back through the event loop, which is never blocked.
-        Cancelling the consumer (or closing the iterator) stops generation within one decode step."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        cancel = threading.Event()
-
-        def deliver(item: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the loop closed under us: nobody is listening any more
-                cancel.set()
-
-        def work() -> None:
-            try:
-                for event in self.run_plan(plan, cancel):
-                    deliver(event)
-            except BaseException as exc:
-                deliver(_Failure(exc))
-            finally:
-                deliver(_DONE)
-
-        worker = threading.Thread(target=work, name="relaygen-generate", daemon=True)
-        worker.start()
-        try:
-            while True:
-                item = await queue.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, _Failure):
-                    raise item.exc
-                yield item
-        finally:
-            cancel.set()
+        Cancelling the consumer (or closing the iterator) stops generation within one decode step. Called from a
+        thread that holds a sync stream of this engine open, it raises :class:`EngineBusyError` at once (its worker
+        would wait for that stream); a sync call from this loop's thread while it runs does too."""
+        requester = threading.get_ident()
+        if self.backend.serialized:
+            self._lock.check_async(requester)
+        async for event in stream_on_worker(lambda cancel: self.run_plan(plan, cancel, requester=requester)):
+            yield event
 
     async def astream(
         self,
@@ -456,10 +427,10 @@ class RelayEngine:
         settings: GenerationSettings | None = None,
         **overrides: Any,
     ) -> AsyncIterator[StreamEvent]:
-        prompt_ids = self.encode_messages(
-            messages, tools, chat_template_kwargs, assistant_prefix, raw_markup=raw_markup
+        plan = await asyncio.to_thread(
+            self._chat_plan, messages, tools, chat_template_kwargs, assistant_prefix, raw_markup, settings, overrides
         )
-        async for event in self.astream_plan(self.plan(prompt_ids, settings, **overrides)):
+        async for event in self.astream_plan(plan):
             yield event
 
     async def agenerate(
@@ -473,10 +444,27 @@ class RelayEngine:
         settings: GenerationSettings | None = None,
         **overrides: Any,
     ) -> RelayResult:
+        plan = await asyncio.to_thread(
+            self._chat_plan, messages, tools, chat_template_kwargs, assistant_prefix, raw_markup, settings, overrides
+        )
+        return await _afinal(self.astream_plan(plan))
+
+    def _chat_plan(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        chat_template_kwargs: Mapping[str, Any] | None,
+        assistant_prefix: str | None,
+        raw_markup: bool,
+        settings: GenerationSettings | None,
+        overrides: Mapping[str, Any],
+    ) -> GenerationPlan:
+        # The async entry points run this on a worker thread: rendering and tokenizing a long chat would stall the
+        # event loop (a 20,000-message chat takes about a second to tokenize; the tokenizer releases the GIL).
         prompt_ids = self.encode_messages(
             messages, tools, chat_template_kwargs, assistant_prefix, raw_markup=raw_markup
         )
-        return await _afinal(self.astream_plan(self.plan(prompt_ids, settings, **overrides)))
+        return self.plan(prompt_ids, settings, **overrides)
 
     async def agenerate_ids(
         self, prompt_ids: Sequence[int], settings: GenerationSettings | None = None, **overrides: Any

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict
 from ..chat.model_fields import RelayModelFields
 from ..chat.relay_chat import ChatDelta, ChatRequest, astream_chat, prepare_chat, stream_chat
 from ..chat.tool_calls import InvalidToolCall, ToolCall, check_tool_choice, validate_tools
+from ..engine.core.prompt import TEXT_PART_SEPARATOR
 from ..engine.core.settings import merge_settings
 from ..engine.core.spans import RelayResult, SwitchEvent
 from ..engine.engine import RelayEngine
@@ -346,7 +347,7 @@ def _text_content(message: BaseMessage) -> str:
             raise ValueError(
                 f"{type(message).__name__} has a {kind!r} content block; this text-only model pair accepts text only"
             )
-    return "".join(parts)
+    return TEXT_PART_SEPARATOR.join(parts)  # as the engine joins an OpenAI message's text parts
 
 
 def convert_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:

@@ -17,20 +17,22 @@ serve: it needs the ``serve`` extra (``pip install 'relaygen-integrations[serve]
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationError
 
-from ..chat.relay_chat import ChatDelta, astream_chat, prepare_chat
+from ..chat.relay_chat import ChatDelta, ChatRequest, astream_chat, plan_chat, prepare_chat
 from ..chat.setting_fields import settings_model
 from ..chat.tool_calls import ToolCall
-from ..engine.core.settings import GenerationSettings, SettingsError, merge_settings
+from ..engine.core.settings import GenerationPlan, GenerationSettings, SettingsError, merge_settings
 from ..engine.core.spans import RelayResult
 from ..engine.engine import RelayEngine
 from .http import (
@@ -38,6 +40,8 @@ from .http import (
     LOOPBACK_HOSTS,
     SSE_DONE,
     ClientDisconnected,
+    InvalidBody,
+    body_problems,
     error_kind,
     error_response,
     models_response,
@@ -84,7 +88,7 @@ class ChatCompletionRequest(RequestSettings):  # type: ignore[misc,valid-type]
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    messages: list[dict[str, Any]]
+    messages: list[Any]  # each message is checked by the engine (validate_messages), which names what is wrong
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stream: bool = False
@@ -143,6 +147,61 @@ def _finish_reason(delta: ChatDelta) -> str:
     return "tool_calls" if delta.parsed.tool_calls else _FINISH_REASONS[delta.result.finish_reason]
 
 
+# OpenAI chat-completions fields this server cannot honour: refused with a 400 naming the field unless the request
+# gives the value that asks for nothing (docs/reliability.md lists every field and what the server does with it).
+_NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
+    "logprobs": ((None, False), "log probabilities are not reported by this server yet"),
+    "top_logprobs": ((None, 0), "log probabilities are not reported by this server yet"),
+    "frequency_penalty": ((None, 0, 0.0), "the relay samples without repetition penalties"),
+    "presence_penalty": ((None, 0, 0.0), "the relay samples without repetition penalties"),
+    "logit_bias": ((None, {}), "the relay does not bias logits"),
+    "modalities": ((None, ["text"]), "this model pair writes text only"),
+    "audio": ((None,), "this model pair writes text only"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "web_search_options": ((None,), "this server has no web search"),
+    "functions": ((None,), "the deprecated functions API is not supported: send tools"),
+    "function_call": ((None,), "the deprecated functions API is not supported: send tool_choice"),
+    "parallel_tool_calls": ((None, True), "the model may write several tool calls in one answer"),
+    "store": ((None, False), "this server stores nothing"),
+    "reasoning_effort": ((None,), "the pair's reasoning length is not configurable; use max_tokens"),
+    "verbosity": ((None,), "not configurable on this model pair"),
+}
+
+
+def refuse_unhonoured(fields: Mapping[str, Any]) -> None:
+    """A 400 for the first OpenAI field in ``fields`` that asks for something this server does not do."""
+    for name, (neutral, why) in _NEUTRAL.items():
+        value = fields.get(name)
+        if not any((value == n and type(value) is type(n)) or value is n for n in neutral):
+            raise SettingsError(f"{name}={json.dumps(value)[:80]} is not supported: {why}", name)
+
+
+def parse_request(
+    engine: RelayEngine, raw: bytes, max_tokens_cap: int
+) -> tuple[ChatCompletionRequest, ChatRequest, GenerationPlan]:
+    """A request body parsed, validated, rendered, tokenized and planned: everything before model work, and all of it
+    CPU work, which ``create_app`` runs off the event loop (a 20,000-message body takes a second)."""
+    try:
+        # Python's json, as FastAPI parses bodies: it keeps a lone surrogate ("\ud83d"), which the message checks
+        # then name where it is, where pydantic's own JSON parser would refuse the whole body.
+        fields = json.loads(raw)
+        body = ChatCompletionRequest.model_validate(fields)
+    except json.JSONDecodeError as exc:
+        raise InvalidBody(f"the body is not JSON: {exc}") from None
+    except ValidationError as exc:
+        raise InvalidBody(body_problems(exc.errors())) from None
+    refuse_unhonoured(fields)
+    request = prepare_chat(
+        body.messages,
+        _chat_settings(body, max_tokens_cap),
+        tools=body.tools,
+        tool_choice=body.tool_choice,
+        chat_template_kwargs=body.chat_template_kwargs,
+        response_format=body.response_format,
+    )
+    return body, request, plan_chat(engine, request)
+
+
 def create_app(
     engine: RelayEngine,
     served_model_name: str = "relaygen",
@@ -154,6 +213,11 @@ def create_app(
     if isinstance(max_tokens_cap, bool) or not isinstance(max_tokens_cap, int) or max_tokens_cap < 1:
         raise ValueError(f"max_tokens_cap must be a positive number of tokens, got {max_tokens_cap!r}")
     app = new_app("relaygen", api_key)
+    # One thread prepares requests, one after another: a request's parsing holds the GIL in stretches of ~30 ms at
+    # most (pydantic on a 1 MB body), so the event loop answers polls between them; more threads would take turns
+    # with it and lengthen its waits. The engine runs one generation at a time anyway.
+    preparing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relaygen-prepare")
+    app.router.on_shutdown.append(lambda: preparing.shutdown(wait=False, cancel_futures=True))
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
@@ -161,18 +225,18 @@ def create_app(
             served_model_name, {"relaygen": {"large": engine.large_name, "small": engine.small_name}}
         )
 
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest, http: Request) -> Response:
+    # The body is read raw and parsed by ``parse_request`` on the preparing thread (FastAPI would parse it on the
+    # event loop); its schema is still the documented one.
+    schema = {"requestBody": {"content": {"application/json": {"schema": ChatCompletionRequest.model_json_schema()}}}}
+
+    @app.post("/v1/chat/completions", response_model=None, openapi_extra=schema)
+    async def chat_completions(http: Request) -> Response:
         try:
-            request = prepare_chat(
-                body.messages,
-                _chat_settings(body, max_tokens_cap),
-                tools=body.tools,
-                tool_choice=body.tool_choice,
-                chat_template_kwargs=body.chat_template_kwargs,
-                response_format=body.response_format,
+            raw = await http.body()
+            body, request, plan = await asyncio.get_running_loop().run_in_executor(
+                preparing, parse_request, engine, raw, max_tokens_cap
             )
-            deltas = astream_chat(engine, request)
+            deltas = astream_chat(engine, request, plan)
             # The first delta arrives once the request is validated and the first token is written: an error up to
             # here is still a proper HTTP status, not an error inside a 200 stream.
             first = await unless_disconnected(deltas.__anext__(), http)

@@ -23,12 +23,18 @@ class EngineBusyError(RuntimeError):
 
 class RequestLock:
     """The engine lock: one request at a time, remembering which thread holds it and for what, so that a request
-    from that same thread (a call inside a stream loop or inside a token callback) fails at once instead of
-    waiting forever. Other threads queue as with any lock."""
+    that could only wait for itself fails at once. Other threads queue as with any lock.
+
+    Two threads can stand behind the request that holds it: the thread that runs it (``_owner``: a sync stream's
+    caller, or an async request's worker) and, for an async request, the thread whose event loop awaits it
+    (``_requester``). A sync request from either would wait for a stream that only it can finish (the sync stream
+    it holds open; the event loop it blocks), so it is refused; an async request is refused only from the thread of
+    an open sync stream - async requests from one loop queue behind each other, their waiting done on workers."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._owner: int | None = None
+        self._requester: int | None = None
         self._holder = ""
 
     @property
@@ -36,8 +42,18 @@ class RequestLock:
         """What holds the engine now ("" when free)."""
         return self._holder
 
+    def check_async(self, requester: int) -> None:
+        """Refuses an async request from a thread that holds a sync stream open (its worker would wait for it)."""
+        if self._owner == requester:  # only the requester's own thread can set it to its id: safe to read unlocked
+            raise EngineBusyError(
+                f"this thread has a stream of this engine open ({self._holder}); an async call here would wait for "
+                "it, and only this thread can finish it. Finish or close the stream first (stream.close()), or run "
+                "the async call from another thread"
+            )
+
     @contextlib.contextmanager
-    def hold(self, what: str) -> Iterator[None]:
+    def hold(self, what: str, requester: int | None = None) -> Iterator[None]:
+        """Holds the lock for one request run by this thread; ``requester``: the thread whose event loop awaits it."""
         me = threading.get_ident()
         if self._owner == me:  # only this thread can set it to its own id, so reading it unlocked is safe
             raise EngineBusyError(
@@ -45,12 +61,19 @@ class RequestLock:
                 "time, so this call would wait for that stream forever. Finish or close the stream first "
                 "(stream.close()), or make the call from another thread, where it waits its turn"
             )
+        if requester is None and self._requester == me:
+            raise EngineBusyError(
+                f"this thread's event loop awaits an async stream of this engine ({self._holder}); a blocking call "
+                "here would stop that loop until the stream ends. Use the async call (await engine.agenerate(...)) "
+                "or finish the stream first"
+            )
         with self._lock:
-            self._owner, self._holder = me, f"{what}, started {time.strftime('%H:%M:%S')} in thread {_thread_name()}"
+            self._owner, self._requester = me, requester
+            self._holder = f"{what}, started {time.strftime('%H:%M:%S')} in thread {_thread_name()}"
             try:
                 yield
             finally:
-                self._owner, self._holder = None, ""
+                self._owner, self._requester, self._holder = None, None, ""
 
 
 def _thread_name() -> str:

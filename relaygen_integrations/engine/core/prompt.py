@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+# Other names for those roles that clients send: "developer" is OpenAI's current name for the system role.
+ROLE_ALIASES = {"developer": "system"}
+# Text parts are joined with a newline, as vLLM's OpenAI server and LlamaIndex's ChatMessage.content join them, so a
+# list of text parts renders like the one string a client would otherwise have sent.
+TEXT_PART_SEPARATOR = "\n"
 MAX_DEPTH = 32  # nesting of tool schemas, arguments and template variables (far deeper than any real schema)
 # What a chat template already gets from transformers besides apply_chat_template's own parameters: a template
 # variable of one of these names would collide with it (or replace a function the template calls).
@@ -154,17 +159,20 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
         if not isinstance(message, Mapping):
             raise MessageError(f"message {index} is a {type(message).__name__}, not a dict", field)
         role = message.get("role")
+        role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         if role not in ROLES:
             raise MessageError(
-                f"message {index} has unknown role {shown(role)}; use one of {sorted(ROLES)}", f"{field}.role"
+                f"message {index} has unknown role {shown(role)}; use one of {sorted({*ROLES, *ROLE_ALIASES})}",
+                f"{field}.role",
             )
         content, calls = message.get("content"), message.get("tool_calls")
+        if isinstance(content, (list, tuple)):
+            content = text_of_parts(content, index, role, f"{field}.content")
         if content is None and not calls:
             raise MessageError(f"message {index} ({role}) has no content", f"{field}.content")
         if content is not None and not isinstance(content, str):
             raise MessageError(
-                f"message {index} ({role}) content must be text; got {type(content).__name__} "
-                "(images, audio and other content parts are not supported by a text-only model pair)",
+                f"message {index} ({role}) content must be text or a list of text parts; got {type(content).__name__}",
                 f"{field}.content",
             )
         if calls is not None:
@@ -173,8 +181,33 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
             if message.get(key) is not None and not isinstance(message[key], str):
                 raise MessageError(f"{field}.{key} must be a string, got {shown(message[key])}", f"{field}.{key}")
         check_json_data(message, field)
-        checked.append(dict(message))
+        copy = {**message, "role": role}
+        if "content" in message:
+            copy["content"] = content
+        checked.append(copy)
     return checked
+
+
+def text_of_parts(parts: Sequence[Any], index: int, role: str, field: str) -> str:
+    """OpenAI's content parts as the text they hold: ``{"type": "text", "text": ...}`` parts joined (see
+    ``TEXT_PART_SEPARATOR``); any other part is refused, naming its type and where it is (this pair is text-only)."""
+    texts: list[str] = []
+    for number, part in enumerate(parts):
+        where = f"{field}[{number}]"
+        kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+        if kind != "text":
+            raise MessageError(
+                f"message {index} ({role}) has a content part of type {shown(kind)}: this model pair reads text "
+                "only (parts of type 'text'; no images, audio or files)",
+                f"{where}.type",
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise MessageError(f"{where}.text must be a string, got {shown(text)}", f"{where}.text")
+        texts.append(text)
+    if not texts:
+        raise MessageError(f"message {index} ({role}) has an empty list of content parts", field)
+    return TEXT_PART_SEPARATOR.join(texts)
 
 
 def reserved_template_names(tokenizer: PreTrainedTokenizerBase) -> frozenset[str]:
