@@ -77,7 +77,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_generate_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("generate", help="generate an answer to a prompt (the pair's default mode, or --mode relay)")
+    parser = sub.add_parser(
+        "generate", help="generate an answer to a prompt (the pair's default mode, or --mode relay)"
+    )
     parser.add_argument("prompt", help="the user message")
     parser.add_argument("--system", default=None, help="optional system message")
     _add_engine_options(parser)
