@@ -304,6 +304,9 @@ def test_speculative_and_reprefill_are_refused_before_any_request(remote):
         remote.generate(MESSAGES, speculative=True)
     with pytest.raises(GenerationError, match="reprefill_segments"):
         remote.generate(MESSAGES, reprefill_segments=True)
+    with pytest.raises(GenerationError, match="cannot report log probabilities") as refused:
+        remote.generate(MESSAGES, logprobs=True)
+    assert refused.value.field == "logprobs"
     # Verified relay over endpoints: tests/test_remote_verify.py.
 
 

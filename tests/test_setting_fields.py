@@ -36,14 +36,24 @@ from relaygen_integrations.serve.app import NOT_OVER_HTTP, OPENAI_NAMED, ChatCom
 SAMPLES: dict[str, Any] = {
     "max_new_tokens": 9, "temperature": 0.5, "top_p": 0.5, "top_k": 3, "seed": 7, "stop": ["ZZ"], "mode": "large",
     "cues": ["So"], "speculative": 2, "draft_vocab": 100, "reprefill_segments": True, "verify": "greedy",
+    "logprobs": True, "top_logprobs": 2,
 }  # fmt: skip
+# What a sample needs beside it to be valid (OpenAI's rule: top_logprobs only with logprobs).
+NEEDS: dict[str, dict[str, Any]] = {"top_logprobs": {"logprobs": True}}
+
+
+def sample(name: str) -> dict[str, Any]:
+    """The setting's sample value, with what it needs, as settings."""
+    return {name: SAMPLES[name], **NEEDS.get(name, {})}
+
+
 ADAPTERS = (RelayChatModel, RelayLLM)
 
 
 def test_every_setting_has_a_sample():
     assert set(SAMPLES) == FIELDS, "a new generation setting: add a sample value to SAMPLES"
-    for name, value in SAMPLES.items():
-        assert getattr(merge_settings({name: value}), name) != GenerationSettings.model_fields[name].default
+    for name in SAMPLES:
+        assert getattr(merge_settings(sample(name)), name) != GenerationSettings.model_fields[name].default
 
 
 # -- declared once --------------------------------------------------------------------------------------------------
@@ -62,9 +72,9 @@ def test_every_setting_is_a_field_of_both_adapters(adapter):
 @pytest.mark.parametrize("adapter", ADAPTERS)
 @pytest.mark.parametrize("name", sorted(FIELDS - NOT_FIELDS))
 def test_a_configured_setting_reaches_the_engine(adapter, name):
-    model = adapter(**{FIELD_NAMES.get(name, name): SAMPLES[name]})
+    model = adapter(**{FIELD_NAMES.get(key, key): value for key, value in sample(name).items()})
     assert set(model.settings_layer()) == FIELDS - NOT_FIELDS
-    assert getattr(merge_settings(model.settings_layer()), name) == getattr(merge_settings({name: SAMPLES[name]}), name)
+    assert getattr(merge_settings(model.settings_layer()), name) == getattr(merge_settings(sample(name)), name)
 
 
 def test_the_adapters_keep_their_public_field_types_and_bounds():
@@ -101,10 +111,10 @@ def captured(tokenizer, monkeypatch) -> tuple[TestClient, list[GenerationSetting
 @pytest.mark.parametrize("name", sorted(FIELDS - NOT_OVER_HTTP))
 def test_a_setting_in_a_request_reaches_the_engine(captured, name):
     client, seen = captured
-    body = {"max_tokens": SAMPLES[name]} if name in OPENAI_NAMED else {name: SAMPLES[name]}
+    body = {"max_tokens": SAMPLES[name]} if name in OPENAI_NAMED else sample(name)
     response = client.post("/v1/chat/completions", json={"messages": PROMPT, **body})
     assert response.status_code == 400 and "captured" in response.text, response.text
-    assert getattr(seen[-1], name) == getattr(merge_settings({name: SAMPLES[name]}), name)
+    assert getattr(seen[-1], name) == getattr(merge_settings(sample(name)), name)
 
 
 def test_a_request_keeps_the_openai_conventions(captured):

@@ -28,13 +28,16 @@ from .tool_calls import (
 
 if TYPE_CHECKING:
     from ..engine.core.settings import GenerationPlan, GenerationSettings
-    from ..engine.core.spans import ModelRole, RelayResult, StreamEvent, SwitchEvent
+    from ..engine.core.spans import ModelRole, RelayResult, StreamEvent, SwitchEvent, TokenLogprob
     from ..engine.engine import RelayEngine
 
 
 @dataclass
 class ChatDelta:
-    """One streamed piece of a chat turn. Exactly one of text / tool_call / switch / result is meaningful."""
+    """One streamed piece of a chat turn. Exactly one of text / tool_call / switch / result is meaningful, except
+    that ``logprobs`` (the entries of the tokens the piece's event completed, when asked for) rides on the first
+    piece of a text event, or on a piece of its own when the event's text is still held back by the tool-call
+    parser."""
 
     text: str = ""
     model: ModelRole | None = None
@@ -43,6 +46,7 @@ class ChatDelta:
     switch: SwitchEvent | None = None
     result: RelayResult | None = None
     parsed: ParsedOutput | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,12 @@ class ChatStreamAssembler:
 
         if isinstance(event, TextEvent):
             head = self._take_prefill(event.model)
-            return [*head, *(self._piece(p, event.model, event.span_index) for p in self.parser.feed(event.text))]
+            pieces = [*head, *(self._piece(p, event.model, event.span_index) for p in self.parser.feed(event.text))]
+            if event.logprobs:
+                if not pieces:
+                    pieces.append(ChatDelta(model=event.model, span_index=event.span_index))
+                pieces[0].logprobs = event.logprobs
+            return pieces
         if isinstance(event, SwitchEvent):
             return [ChatDelta(model=event.to_model, span_index=event.span_index, switch=event)]
         if isinstance(event, FinalEvent):

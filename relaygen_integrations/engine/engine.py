@@ -350,7 +350,7 @@ class RelayEngine:
             policy = RelayPolicy(plan.cues, self.policy_config, plan.mode)
             transcript = Transcript(
                 self.tokenizer, plan.prompt_ids, policy, plan.stop, self.eos_ids, plan.max_new_tokens,
-                plan.verify,
+                plan.verify, plan.logprobs,
             )  # fmt: skip
             yield from drive(transcript, self.backend.open(plan, transcript), cancel)
 

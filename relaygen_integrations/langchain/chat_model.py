@@ -381,11 +381,17 @@ def _usage(result: RelayResult) -> UsageMetadata:
     )
 
 
-def _response_metadata(delta: ChatDelta, model_name: str) -> dict[str, Any]:
+def _response_metadata(delta: ChatDelta, model_name: str, streamed: bool = False) -> dict[str, Any]:
+    """The final message's metadata. ``logprobs`` (asked for): ChatOpenAI's ``{"content": [...]}``, each entry
+    naming the model that wrote the token; a stream's chunks carry them piece by piece instead (``streamed``), so
+    that the merged message holds each once."""
     result = delta.result
     assert result is not None and delta.parsed is not None
     finish = "tool_calls" if delta.parsed.tool_calls else result.finish_reason
-    return {"model_name": model_name, "finish_reason": finish, "relaygen": result.relay_metadata()}
+    metadata = {"model_name": model_name, "finish_reason": finish, "relaygen": result.relay_metadata()}
+    if result.logprobs is not None and not streamed:
+        metadata["logprobs"] = {"content": [entry.to_openai() for entry in result.logprobs]}
+    return metadata
 
 
 def _chat_result(delta: ChatDelta, model_name: str) -> ChatResult:
@@ -408,11 +414,13 @@ def _chunk(delta: ChatDelta, call_index: int, model_name: str) -> ChatGeneration
         message = AIMessageChunk(
             content="",
             usage_metadata=_usage(delta.result),
-            response_metadata=_response_metadata(delta, model_name),
+            response_metadata=_response_metadata(delta, model_name, streamed=True),
             chunk_position="last",
         )
         return ChatGenerationChunk(message=message)
-    per_chunk = {"relaygen_chunks": [{"model": delta.model, "span_index": delta.span_index}]}
+    per_chunk: dict[str, Any] = {"relaygen_chunks": [{"model": delta.model, "span_index": delta.span_index}]}
+    if delta.logprobs:  # merged chunk by chunk into the message's {"content": [...]}, as ChatOpenAI's stream does
+        per_chunk["logprobs"] = {"content": [entry.to_openai() for entry in delta.logprobs]}
     call = delta.tool_call
     if call is None:
         return ChatGenerationChunk(message=AIMessageChunk(content=delta.text, response_metadata=per_chunk))

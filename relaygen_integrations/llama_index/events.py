@@ -8,16 +8,16 @@ layer's deltas / the engine's events into streamed ChatResponses / CompletionRes
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from llama_index.core.base.llms.types import ChatResponse, CompletionResponse
+from llama_index.core.base.llms.types import ChatResponse, CompletionResponse, LogProb
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.base import BaseEvent
 
 from ..chat.relay_chat import ChatDelta
 from ..chat.tool_calls import ParsedOutput, ToolCall
-from ..engine.core.spans import FinalEvent, RelayResult, StreamEvent, SwitchEvent, TextEvent
+from ..engine.core.spans import FinalEvent, RelayResult, StreamEvent, SwitchEvent, TextEvent, TokenLogprob
 from .messages import assistant_message
 
 dispatcher = get_dispatcher(__name__)
@@ -45,6 +45,24 @@ def _raw(result: RelayResult) -> dict[str, Any]:
     """``raw["usage"]`` carries prompt/completion/total tokens under the names TokenCountingHandler reads, so it
     counts the engine's exact numbers instead of re-tokenizing with its own tokenizer."""
     return {"usage": result.usage.to_dict(), "finish_reason": result.finish_reason}
+
+
+def _logprobs(entries: Sequence[TokenLogprob] | None) -> list[list[LogProb]] | None:
+    """LlamaIndex's ``logprobs``: one list per token, the kept token first, then the ``top_logprobs`` most likely
+    tokens other than it (which model wrote each token: ``additional_kwargs["relaygen"]["spans"]``)."""
+    if entries is None:
+        return None
+    return [
+        [
+            LogProb(token=entry.token, logprob=entry.logprob, bytes=list(entry.token.encode("utf-8", "surrogatepass"))),
+            *(
+                LogProb(token=text, logprob=value, bytes=list(text.encode("utf-8", "surrogatepass")))
+                for token_id, text, value in entry.top
+                if token_id != entry.token_id
+            ),
+        ]
+        for entry in entries
+    ]
 
 
 def _delta_tags(model: str | None, span_index: int) -> dict[str, Any]:
@@ -85,12 +103,13 @@ class ChatTurn:
                 message=assistant_message(parsed.content, parsed.tool_calls, parsed.invalid_tool_calls),
                 delta="" if self.emit_deltas else None,
                 raw=_raw(delta.result),
+                logprobs=_logprobs(delta.result.logprobs),
                 additional_kwargs={"relaygen": delta.result.relay_metadata()},
             )
         if isinstance(delta.tool_call, ToolCall):
             self.calls.append(delta.tool_call)
             text = ""
-        elif delta.text:
+        elif delta.text or delta.logprobs:
             self.content += delta.text
             text = delta.text
         else:
@@ -100,6 +119,7 @@ class ChatTurn:
         return ChatResponse(
             message=assistant_message(self.content, self.calls),
             delta=text,
+            logprobs=_logprobs(delta.logprobs) if delta.logprobs else None,
             additional_kwargs=_delta_tags(delta.model, delta.span_index),
         )
 
@@ -122,13 +142,17 @@ class CompletionTurn:
                 text=result.text,
                 delta="" if self.emit_deltas else None,
                 raw=_raw(result),
+                logprobs=_logprobs(result.logprobs),
                 additional_kwargs={"relaygen": result.relay_metadata()},
             )
-        if isinstance(event, TextEvent) and event.text:
+        if isinstance(event, TextEvent) and (event.text or event.logprobs):
             self.text += event.text
             if self.emit_deltas:
                 return CompletionResponse(
-                    text=self.text, delta=event.text, additional_kwargs=_delta_tags(event.model, event.span_index)
+                    text=self.text,
+                    delta=event.text,
+                    logprobs=_logprobs(event.logprobs) if event.logprobs else None,
+                    additional_kwargs=_delta_tags(event.model, event.span_index),
                 )
         return None
 

@@ -21,7 +21,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,7 +33,7 @@ from ..chat.relay_chat import ChatDelta, ChatRequest, astream_chat, plan_chat, p
 from ..chat.setting_fields import settings_model
 from ..chat.tool_calls import ToolCall
 from ..engine.core.settings import GenerationPlan, GenerationSettings, SettingsError, merge_settings
-from ..engine.core.spans import RelayResult
+from ..engine.core.spans import RelayResult, TokenLogprob
 from ..engine.engine import RelayEngine
 from .http import (
     CLIENT_CLOSED_REQUEST,
@@ -142,6 +142,12 @@ def _chat_usage(result: RelayResult) -> dict[str, Any]:
     }
 
 
+def _logprobs_json(entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    """OpenAI's ``choices[0].logprobs``: ``{"content": [...]}`` (each entry also names the model that wrote the
+    token), or null when the request did not ask for them."""
+    return None if entries is None else {"content": [entry.to_openai() for entry in entries]}
+
+
 def _finish_reason(delta: ChatDelta) -> str:
     assert delta.result is not None and delta.parsed is not None
     return "tool_calls" if delta.parsed.tool_calls else _FINISH_REASONS[delta.result.finish_reason]
@@ -150,8 +156,6 @@ def _finish_reason(delta: ChatDelta) -> str:
 # OpenAI chat-completions fields this server cannot honour: refused with a 400 naming the field unless the request
 # gives the value that asks for nothing (docs/reliability.md lists every field and what the server does with it).
 _NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
-    "logprobs": ((None, False), "log probabilities are not reported by this server yet"),
-    "top_logprobs": ((None, 0), "log probabilities are not reported by this server yet"),
     "frequency_penalty": ((None, 0, 0.0), "the relay samples without repetition penalties"),
     "presence_penalty": ((None, 0, 0.0), "the relay samples without repetition penalties"),
     "logit_bias": ((None, {}), "the relay does not bias logits"),
@@ -268,7 +272,14 @@ def create_app(
                 "object": "chat.completion",
                 "created": created,
                 "model": served_model_name,
-                "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(final)}],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "logprobs": _logprobs_json(result.logprobs),
+                        "finish_reason": _finish_reason(final),
+                    }
+                ],
                 "usage": _chat_usage(result),
                 "relaygen": result.relay_metadata(),
             }
@@ -287,8 +298,15 @@ async def _last_delta(first: ChatDelta, deltas: AsyncIterator[ChatDelta]) -> Cha
 async def _chatsse(
     first: ChatDelta, deltas: AsyncIterator[ChatDelta], completion_id: str, created: int, model: str
 ) -> AsyncIterator[str]:
-    def chunk(delta: Mapping[str, Any], finish: str | None = None, **extra: Any) -> str:
-        choice = {"index": 0, "delta": dict(delta), "finish_reason": finish}
+    def chunk(
+        delta: Mapping[str, Any], finish: str | None = None, logprobs: Sequence[TokenLogprob] = (), **extra: Any
+    ) -> str:
+        choice = {
+            "index": 0,
+            "delta": dict(delta),
+            "logprobs": _logprobs_json(logprobs or None),
+            "finish_reason": finish,
+        }
         base = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
         return sse({**base, "choices": [choice], **extra})
 
@@ -310,10 +328,11 @@ async def _chatsse(
                 event = {"from": switch.from_model, "to": switch.to_model, "trigger": switch.trigger}
                 yield chunk({}, relaygen={**where, "switch": {**event, "char_offset": switch.char_offset}})
             elif isinstance(delta.tool_call, ToolCall):
-                yield chunk({"tool_calls": [_tool_call_json(delta.tool_call, tool_index)]}, relaygen=where)
+                call = [_tool_call_json(delta.tool_call, tool_index)]
+                yield chunk({"tool_calls": call}, logprobs=delta.logprobs, relaygen=where)
                 tool_index += 1
-            elif delta.text:
-                yield chunk({"content": delta.text}, relaygen=where)
+            elif delta.text or delta.logprobs:
+                yield chunk({"content": delta.text} if delta.text else {}, logprobs=delta.logprobs, relaygen=where)
     except Exception as exc:  # the 200 status is sent already: report in the stream, as vLLM does
         status, kind = error_kind(exc)
         yield sse({"error": {"message": str(exc), "type": kind, "code": status}})

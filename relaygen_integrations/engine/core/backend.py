@@ -25,10 +25,11 @@ if TYPE_CHECKING:
 
 
 class BackendCapabilityError(GenerationError):
-    """The backend cannot do what the request or command asks for (``capability`` names it)."""
+    """The backend cannot do what the request or command asks for (``capability`` names it; ``field`` the setting
+    that asked, where one did)."""
 
-    def __init__(self, backend: str, capability: str, why: str) -> None:
-        super().__init__(f"the {backend} backend cannot {capability}: {why}")
+    def __init__(self, backend: str, capability: str, why: str, field: str | None = None) -> None:
+        super().__init__(f"the {backend} backend cannot {capability}: {why}", field)
         self.backend = backend
         self.capability = capability
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from .cues import CueSet
 from .spans import Mode
@@ -22,6 +22,7 @@ MAX_DRAFT_LIMIT = 64
 DEFAULT_MAX_DRAFT = 6  # self-speculation's draft length for ``speculative=True`` (tuned: docs/benchmarks.md)
 # The other names callers use for a setting: OpenAI's and LangChain's ``max_tokens``, LangChain's ``stop_sequences``.
 ALIASES = {"max_tokens": "max_new_tokens", "stop_sequences": "stop"}
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 # torch seeds its generator from a 64-bit integer; a larger seed would fail deep inside torch.
 SEED_LIMIT = 2**63
 
@@ -108,6 +109,11 @@ class GenerationSettings(BaseModel):
     step cheaper and changes no output (``local/draft_head.py``); 0 = the whole vocabulary; None = the engine's."""
     reprefill_segments: bool = False
     """Baseline only: every segment re-reads the whole sequence, as RelayGen's original serving did."""
+    logprobs: bool = False
+    """Report each emitted token's log probability under the model whose token was kept (``RelayResult.logprobs``,
+    the stream's ``TextEvent.logprobs``)."""
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS, strict=True)] = 0
+    """With ``logprobs``: also the N most likely tokens at each position, with their log probabilities."""
     verify: VerifySetting = None
     """Verified relay: the large model checks the small model's tokens in its catch-up pass (``engine/core/verify.py``);
     a spec string ("greedy", "prob:0.05", "ratio:0.1", "+answer" to check the answer too), "off", or None for the
@@ -117,6 +123,13 @@ class GenerationSettings(BaseModel):
     @classmethod
     def _verify_rule(cls, value: Any) -> VerifySetting:
         return parse_verify(value)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: int, info: ValidationInfo) -> int:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs=True (as OpenAI's API requires)")
+        return value
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -217,3 +230,8 @@ class GenerationPlan:
     @property
     def reprefill_segments(self) -> bool:
         return self.settings.reprefill_segments
+
+    @property
+    def logprobs(self) -> int | None:
+        """None: no log probabilities; else how many alternatives each token's entry lists (0: none)."""
+        return self.settings.top_logprobs if self.settings.logprobs else None

@@ -97,6 +97,35 @@ class Usage:
         return data
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The log probability of one emitted token under the model whose token was kept (``model``), and the ``top``
+    most likely tokens at that position with theirs (``top_logprobs``; the kept token among them only if it is one
+    of them). From that model's own logits (float32 log-softmax), before temperature, top-k and top-p: the model's
+    distribution, as OpenAI reports it. Under speculation a kept token is the large model's (its checking pass's
+    row); under verified relay a kept small-model token is the small model's, the large model's replacement the
+    large model's."""
+
+    token_id: int
+    token: str
+    logprob: float
+    model: ModelRole
+    top: tuple[tuple[int, str, float], ...] = ()
+
+    def to_openai(self) -> dict[str, Any]:
+        """OpenAI's ``logprobs.content[i]`` shape, plus ``model`` (the writing model)."""
+        return {
+            "token": self.token,
+            "logprob": self.logprob,
+            "bytes": list(self.token.encode("utf-8", "surrogatepass")),
+            "top_logprobs": [
+                {"token": text, "logprob": value, "bytes": list(text.encode("utf-8", "surrogatepass"))}
+                for _id, text, value in self.top
+            ],
+            "model": self.model,
+        }
+
+
 @dataclass
 class RelayResult:
     """The outcome of one generation: text, who wrote what, and what it cost."""
@@ -107,6 +136,8 @@ class RelayResult:
     finish_reason: FinishReason
     completion_ids: list[int] = field(default_factory=list)
     elapsed: float = 0.0
+    # One entry per completion token when the request asked for ``logprobs``; None when it did not.
+    logprobs: list[TokenLogprob] | None = None
 
     def relay_metadata(self) -> dict[str, Any]:
         """The per-model summary adapters attach to messages (JSON-safe)."""
@@ -126,16 +157,21 @@ class RelayResult:
             "usage": self.usage.to_dict(),
             "finish_reason": self.finish_reason,
             "elapsed": self.elapsed,
+            **({"logprobs": [entry.to_openai() for entry in self.logprobs]} if self.logprobs is not None else {}),
         }
 
 
 @dataclass(frozen=True)
 class TextEvent:
-    """A piece of newly final text written by ``model`` (part of span ``span_index``)."""
+    """A piece of newly final text written by ``model`` (part of span ``span_index``). With ``logprobs`` asked for,
+    ``logprobs`` holds the entries of the tokens whose text this piece completes (a token whose text ends inside a
+    later piece comes with that one; the stream's last event may be an empty text carrying the last entries), so
+    the stream's entries are, in order, exactly ``RelayResult.logprobs``."""
 
     text: str
     model: ModelRole
     span_index: int
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

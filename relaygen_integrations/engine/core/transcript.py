@@ -11,14 +11,26 @@ single-model completion server alike - so they cannot drift apart.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
 from .detokenize import DetokenizerState, IncrementalDetokenizer
+from .logprobs import LogprobLedger
 from .policy import CONTINUE, Decision, RelayPolicy
-from .spans import FinalEvent, FinishReason, ModelRole, RelayResult, Span, StreamEvent, SwitchEvent, TextEvent, Usage
+from .spans import (
+    FinalEvent,
+    FinishReason,
+    ModelRole,
+    RelayResult,
+    Span,
+    StreamEvent,
+    SwitchEvent,
+    TextEvent,
+    TokenLogprob,
+    Usage,
+)
 from .verify import VerifyRule
 
 
@@ -89,8 +101,11 @@ def stop_holdback(text: str, stops: Sequence[str]) -> int:
 class Emitter:
     """Releases final text as events, split at span boundaries, announcing each switch before the span's text."""
 
-    def __init__(self, segments: list[Segment]) -> None:
+    def __init__(
+        self, segments: list[Segment], logprobs_through: Callable[[int], tuple[TokenLogprob, ...]] | None = None
+    ) -> None:
         self.segments = segments
+        self.logprobs_through = logprobs_through  # the entries of tokens whose text ends by a character offset
         self.emitted = 0
         self.cursor = 0  # index of the segment whose text is being emitted
 
@@ -101,7 +116,8 @@ class Emitter:
             end = min(limit, seg_end)
             if end > self.emitted:
                 seg = self.segments[self.cursor]
-                yield TextEvent(text[self.emitted : end], seg.model, self.cursor)
+                entries = self.logprobs_through(end) if self.logprobs_through else ()
+                yield TextEvent(text[self.emitted : end], seg.model, self.cursor, entries)
                 self.emitted = end
             # Announce the next span once its text is about to be emitted (or at the end, even if it is empty).
             if has_next and (limit > seg_end or (final and self.emitted >= seg_end)):
@@ -124,6 +140,7 @@ class Transcript:
         eos_ids: frozenset[int] = frozenset(),
         max_new_tokens: int | None = None,
         verify: VerifyRule | None = None,
+        logprobs: int | None = None,
     ) -> None:
         self.started = time.perf_counter()
         self.policy = policy
@@ -134,7 +151,9 @@ class Transcript:
         self.token_ends: list[int] = []  # character offset of the text after each kept token
         self.detok = IncrementalDetokenizer(tokenizer)
         self.segments = [Segment(policy.writer, "start", 0, 0, self.started)]
-        self.emitter = Emitter(self.segments)
+        # Log probabilities (``logprobs``: the alternatives per token; None: not asked for), noted by the backend.
+        self.logprobs = LogprobLedger(tokenizer, self.prompt_len, logprobs) if logprobs is not None else None
+        self.emitter = Emitter(self.segments, self._logprobs_through if self.logprobs else None)
         self.stop_at: int | None = None  # where a stop sequence begins in the text, once one appeared
         self.rolled_back = 0
         self.eos_ids = eos_ids
@@ -222,6 +241,16 @@ class Transcript:
         self.run_start = self.run_end = None
         self.stop_at = None
         self.finish_reason = None
+
+    def _logprobs_through(self, char: int) -> tuple[TokenLogprob, ...]:
+        """The entries not handed out yet of the kept tokens whose text ends by character ``char`` (never of a run
+        still awaiting verification)."""
+        assert self.logprobs is not None
+        count = self.logprobs.handed_out
+        bound = self.run_start if self.run_start is not None else len(self.token_ends)
+        while count < bound and self.token_ends[count] <= char:
+            count += 1
+        return self.logprobs.hand_out(count)
 
     def _tokens_before(self, char: int) -> int:
         """How many kept tokens have text that starts before character ``char``."""
@@ -337,6 +366,9 @@ class Transcript:
                 self.segments.pop()
         ended = self.segments[-1].closed = time.perf_counter()
         yield from self.emitter.release(text, len(text), final=True)
+        if self.logprobs is not None and (rest := self.logprobs.hand_out(kept)):
+            # Tokens whose text ends past the last piece (a stop sequence cut it) or adds no character of its own.
+            yield TextEvent("", self.segments[-1].model, self.emitter.cursor, rest)
         spans = build_spans(self.segments, text, kept)
         usage = Usage(
             prompt_tokens=self.prompt_len,
@@ -361,6 +393,7 @@ class Transcript:
                 finish_reason=finish,
                 completion_ids=self.ids[self.prompt_len : self.prompt_len + kept],
                 elapsed=ended - self.started,
+                logprobs=self.logprobs.kept(kept) if self.logprobs is not None else None,
             )
         )
 

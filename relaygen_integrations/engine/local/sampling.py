@@ -7,7 +7,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 from ..core.settings import SamplingParams
 
-__all__ = ["Sampler", "SamplingParams"]
+__all__ = ["Sampler", "SamplingParams", "token_logprobs"]
 
 
 class Sampler:
@@ -48,3 +48,19 @@ class Sampler:
             return int(torch.argmax(logits))
         probs = self.probabilities(logits, ids)
         return int(torch.multinomial(probs, num_samples=1, generator=self.generator))
+
+
+def token_logprobs(rows: torch.Tensor, tokens: list[int], top: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """For each row of 2-D ``rows`` (one position's logits each) and the token chosen there: the token's log
+    probability (float32 log-softmax of the raw logits: the model's distribution, before temperature, top-k and
+    top-p) and the ``top`` most likely tokens with theirs. All rows in one call and one host transfer (a
+    speculative round's rows); only requests that ask for log probabilities pay it."""
+    logprobs = torch.log_softmax(rows[: len(tokens)].detach().float(), dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None])[:, 0].tolist()
+    if not top:
+        return [(value, []) for value in chosen]
+    values, ids = logprobs.topk(top, dim=-1)
+    return [
+        (value, list(zip(row_ids, row_values, strict=True)))
+        for value, row_ids, row_values in zip(chosen, ids.tolist(), values.tolist(), strict=True)
+    ]

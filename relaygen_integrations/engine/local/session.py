@@ -8,11 +8,13 @@ import contextlib
 import threading
 from dataclasses import dataclass, field
 
+import torch
+
 from ..core.settings import MAX_DRAFT_LIMIT
 from ..core.spans import ModelRole
 from ..core.transcript import BackendUsage, Fed, Transcript
 from .runner import ModelRunner
-from .sampling import Sampler
+from .sampling import Sampler, token_logprobs
 from .speculative import Drafter, SpeculationStats, speculative_step
 
 
@@ -84,6 +86,7 @@ class LocalSession:
         for runner in self.runners.values():
             runner.sync_to(transcript.ids)  # both caches back to the kept sequence
         self.pending = self.sampler(row, transcript.ids)
+        self._note_logprobs(len(transcript.ids), row[None], [self.pending], "large")
 
     def next_tokens(self, writer: ModelRole) -> list[int]:
         if self.pending is not None:
@@ -94,17 +97,30 @@ class LocalSession:
             # Draft-and-verify: several tokens, each the large model's own choice; whatever follows a switch is
             # discarded by the transcript (and cropped from the caches in after_feed).
             budget = (self.transcript.max_new_tokens or 1 << 30) - self.transcript.completion_tokens
-            return speculative_step(
+            tokens, rows = speculative_step(
                 self.runners["large"], self.speculation.drafter, ids, self.sampler, budget, self.transcript.eos_ids,
                 self.speculation.stats,
             )  # fmt: skip
+            self._note_logprobs(len(ids), rows, tokens, "large")
+            return tokens
         if self.step_lock is None:
-            return [self.sampler(self.runners[writer].logits_for(ids), ids)]
-        with self.step_lock:
-            runner = self.runners[writer]
-            runner.sync_to(ids)
-            logits = runner.logits_for(ids)
-        return [self.sampler(logits, ids)]
+            logits = self.runners[writer].logits_for(ids)
+        else:
+            with self.step_lock:
+                runner = self.runners[writer]
+                runner.sync_to(ids)
+                logits = runner.logits_for(ids)
+        token = self.sampler(logits, ids)
+        self._note_logprobs(len(ids), logits[None], [token], writer)
+        return [token]
+
+    def _note_logprobs(self, position: int, rows: torch.Tensor, tokens: list[int], model: ModelRole) -> None:
+        """The request asked for log probabilities: ``tokens`` (from sequence ``position`` on) came from ``rows``."""
+        ledger = self.transcript.logprobs
+        if ledger is None:
+            return
+        for offset, (value, top) in enumerate(token_logprobs(rows, tokens, ledger.top)):
+            ledger.note(position + offset, tokens[offset], value, model, top)
 
     def after_feed(self, fed: Fed) -> None:
         # A rolled-back look-ahead token never reached a cache without speculation (a token is forwarded only when

@@ -190,9 +190,10 @@ def speculative_step(
     budget: int,
     eos_ids: frozenset[int],
     stats: SpeculationStats,
-) -> list[int]:
+) -> tuple[list[int], torch.Tensor]:
     """One draft-and-check round for the large model: 1 to ``draft + 1`` tokens (at most ``budget``), each one the
-    large model's own choice. Caches may hold tokens past what the caller keeps; it crops them
+    large model's own choice, and the large model's logits rows (row ``i`` is the distribution token ``i`` was
+    chosen from; extra rows follow). Caches may hold tokens past what the caller keeps; it crops them
     (``ModelRunner.sync_to``) once it has decided how many tokens it keeps."""
     draft_tokens, draft_probs = drafter.propose(ids, sampler, budget - 1, eos_ids)
     target_logits = large.check_draft(ids, draft_tokens)
@@ -201,7 +202,7 @@ def speculative_step(
     stats.drafted += len(draft_tokens)
     stats.accepted += accepted
     drafter.update(len(draft_tokens), accepted)
-    return committed
+    return committed, target_logits
 
 
 def shipped_speculative(pair_name: str | None) -> bool | int:

@@ -380,6 +380,11 @@ class RemoteBackend:
             raise BackendCapabilityError(
                 self.kind, "run speculative decoding", "it needs both models' logits in one process"
             )
+        if plan.logprobs is not None:
+            raise BackendCapabilityError(
+                self.kind, "report log probabilities (logprobs)", "the relay reads sampled tokens from the servers, "
+                "not their distributions; load the models locally for logprobs", "logprobs",
+            )  # fmt: skip
         if plan.verify is not None and plan.mode == "relay":
             large = self.endpoints["large"]
             if large.scores_prompts is None:  # asked once per endpoint, with a two-token prompt
