@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,50 @@ def test_drafts_over_the_shipped_subset_on_the_real_pair(engine, questions):
     }
     assert runs[None].usage.draft_tokens > 0 and head.size > len(head.base_ids)  # the prompt's rows were added
     assert runs[None].usage.acceptance_rate > runs[0].usage.acceptance_rate - 0.15, runs
+
+
+def test_relaygen_serve_answers_the_openai_python_sdk(engine):
+    """The OpenAI SDK against ``relaygen serve``'s app: text content parts and the developer role, log probabilities,
+    a stream and a tool call, as OpenAI clients send and read them."""
+    import openai
+    from test_remote import ServerThread
+
+    from relaygen_integrations.serve.app import create_app
+
+    parts = [
+        {"role": "developer", "content": [{"type": "text", "text": "Answer in one short sentence."}]},
+        {"role": "user", "content": [{"type": "text", "text": "What is 2 + 3?"}]},
+    ]
+    with ServerThread(create_app(engine)) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        answer = client.chat.completions.create(
+            model="relaygen", messages=parts, max_tokens=24, logprobs=True, top_logprobs=2
+        )
+        choice = answer.choices[0]
+        assert "5" in choice.message.content
+        assert len(choice.logprobs.content) == answer.usage.completion_tokens
+        assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in choice.logprobs.content)
+        chunks = list(client.chat.completions.create(model="relaygen", messages=parts, max_tokens=24, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
+        add = {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "description": "Add two integers.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"],
+                },
+            },
+        }
+        called = client.chat.completions.create(
+            model="relaygen",
+            messages=[{"role": "user", "content": "Add 2 and 3 with the add tool."}],
+            tools=[add],
+            tool_choice={"type": "function", "function": {"name": "add"}},
+            max_tokens=40,
+        )
+        call = called.choices[0].message.tool_calls[0]
+        assert called.choices[0].finish_reason == "tool_calls" and call.function.name == "add"
+        assert json.loads(call.function.arguments) == {"a": 2, "b": 3}
