@@ -75,7 +75,10 @@ def test_stream_aggregates_to_invoke_and_tags_every_chunk(model):
     )
     assert total.response_metadata["finish_reason"] == "stop"  # a string field set once: never "stopstop"
     assert sum(1 for c in chunks if c.usage_metadata) == 1
-    assert total.usage_metadata == invoked.usage_metadata
+    # The same counts, but for the prompt tokens read from the cache: the stream reused the invoke's prompt.
+    assert {**total.usage_metadata, "input_token_details": {}} == {**invoked.usage_metadata, "input_token_details": {}}
+    cached = total.usage_metadata["input_token_details"]["cache_read"]
+    assert cached == total.response_metadata["relaygen"]["usage"]["reused_prefix_tokens"] > 0
     tags = total.response_metadata["relaygen_chunks"]
     assert {t["model"] for t in tags} == {"large", "small"}
     text_chunks = [c for c in chunks if c.content]

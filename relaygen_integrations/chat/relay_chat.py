@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.core.prompt import check_json_data, validate_messages
 from ..engine.core.settings import SettingsError, shown
+from .reasoning import ReasoningFormat, ReasoningSplitter, starts_in_reasoning
 from .tool_calls import (
     InvalidToolCall,
     ParsedOutput,
@@ -34,12 +35,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class ChatDelta:
-    """One streamed piece of a chat turn. Exactly one of text / tool_call / switch / result is meaningful, except
+    """One streamed piece of a chat turn. Exactly one of text / reasoning / tool_call / switch / result is
+    meaningful (``reasoning``: a piece of the reasoning, told apart from the answer; ``chat/reasoning.py``), except
     that ``logprobs`` (the entries of the tokens the piece's event completed, when asked for) rides on the first
     piece of a text event, or on a piece of its own when the event's text is still held back by the tool-call
     parser."""
 
     text: str = ""
+    reasoning: str = ""
     model: ModelRole | None = None
     span_index: int = 0
     tool_call: ToolCall | InvalidToolCall | None = None
@@ -148,9 +151,12 @@ class ChatStreamAssembler:
     calls carry the same ids.
     """
 
-    def __init__(self, prefix: str | None, tool_names: Iterable[str] = ()) -> None:
+    def __init__(
+        self, prefix: str | None, tool_names: Iterable[str] = (), reasoning: ReasoningSplitter | None = None
+    ) -> None:
         self.parser = ToolCallStreamParser(tool_names)
-        self.parsed = ParsedOutput(content="")
+        self.parsed = ParsedOutput(content="", reasoning="" if reasoning else None)
+        self.reasoning = reasoning  # None: the whole text is content ('inline', or a pair without a reasoning end)
         # A tool-call prefill only opens a tag (nothing to show); a JSON prefill ("{") is content the model did not
         # write but the answer starts with, so it is streamed before the first piece.
         self._prefill: list[str | ToolCall | InvalidToolCall] = list(self.parser.feed(prefix or ""))
@@ -164,7 +170,7 @@ class ChatStreamAssembler:
 
         if isinstance(event, TextEvent):
             head = self._take_prefill(event.model)
-            pieces = [*head, *(self._piece(p, event.model, event.span_index) for p in self.parser.feed(event.text))]
+            pieces = [*head, *self._split(event.text, event.model, event.span_index)]
             if event.logprobs:
                 if not pieces:
                     pieces.append(ChatDelta(model=event.model, span_index=event.span_index))
@@ -174,9 +180,28 @@ class ChatStreamAssembler:
             return [ChatDelta(model=event.to_model, span_index=event.span_index, switch=event)]
         if isinstance(event, FinalEvent):
             model, index = event.model, max(0, event.span_index)
-            tail = [*self._take_prefill(model), *(self._piece(p, model, index) for p in self.parser.finish())]
+            tail = [
+                *self._take_prefill(model),
+                *self._split("", model, index, final=True),
+                *(self._piece(p, model, index) for p in self.parser.finish()),
+            ]
+            if self.reasoning is not None:
+                self.parsed.reasoning_tokens = self.reasoning.tokens_before_answer(event.result.token_ends)
             return [*tail, ChatDelta(model=model, span_index=index, result=event.result, parsed=self.parsed)]
         return []
+
+    def _split(self, text: str, model: ModelRole, index: int, final: bool = False) -> list[ChatDelta]:
+        """Reasoning pieces as they are; the answer through the tool-call parser."""
+        if self.reasoning is None:
+            return [self._piece(p, model, index) for p in self.parser.feed(text)]
+        deltas = []
+        for kind, piece in self.reasoning.finish() if final else self.reasoning.feed(text):
+            if kind == "reasoning":
+                self.parsed.reasoning = (self.parsed.reasoning or "") + piece
+                deltas.append(ChatDelta(reasoning=piece, model=model, span_index=index))
+            else:
+                deltas += [self._piece(p, model, index) for p in self.parser.feed(piece)]
+        return deltas
 
     def _collect(self, piece: str | ToolCall | InvalidToolCall) -> None:
         if isinstance(piece, str):
@@ -193,8 +218,36 @@ class ChatStreamAssembler:
         return ChatDelta(model=model, span_index=index, tool_call=piece)
 
 
-def _assembler(request: ChatRequest) -> ChatStreamAssembler:
-    return ChatStreamAssembler(request.prefix, tool_names(request.tools) if request.tools else ())
+def _assembler(engine: RelayEngine, request: ChatRequest, prompt_ids: Sequence[int]) -> ChatStreamAssembler:
+    return ChatStreamAssembler(
+        request.prefix,
+        tool_names(request.tools) if request.tools else (),
+        reasoning_splitter(engine, request, prompt_ids),
+    )
+
+
+def reasoning_format(engine: RelayEngine, settings: GenerationSettings) -> ReasoningFormat:
+    """The request's ``reasoning_format``, or the pair's default: 'separate' for a thinking pair, else 'inline'."""
+    config = engine.policy_config
+    if settings.reasoning_format == "separate" and not (config.reasoning_end or config.answer_marker):
+        raise SettingsError(
+            "reasoning_format='separate' needs a pair whose policy ends its reasoning (a reasoning_end such as "
+            "'</think>', or an answer_marker); this pair has neither: leave it 'inline' or configure the policy",
+            "reasoning_format",
+        )
+    return settings.reasoning_format or ("separate" if config.reasoning_end else "inline")
+
+
+def reasoning_splitter(
+    engine: RelayEngine, request: ChatRequest, prompt_ids: Sequence[int]
+) -> ReasoningSplitter | None:
+    """The splitter of a 'separate' turn (None: 'inline', or a prefilled answer: a forced tool call or JSON)."""
+    if reasoning_format(engine, request.settings) != "separate" or request.prefix:
+        return None
+    marker = engine.policy_config.reasoning_end or engine.policy_config.answer_marker
+    assert marker is not None
+    tail = engine.tokenizer.decode(list(prompt_ids[-32:]))  # the generation prompt and what it opened
+    return ReasoningSplitter(marker, starts_in_reasoning(tail, marker))
 
 
 def _prompt_ids(engine: RelayEngine, request: ChatRequest) -> list[int]:
@@ -210,8 +263,9 @@ def _prompt_ids(engine: RelayEngine, request: ChatRequest) -> list[int]:
 
 
 def stream_chat(engine: RelayEngine, request: ChatRequest, cancel: Any = None) -> Iterator[ChatDelta]:
-    assembler = _assembler(request)
-    for event in engine.stream_ids(_prompt_ids(engine, request), cancel, request.settings):
+    prompt_ids = _prompt_ids(engine, request)
+    assembler = _assembler(engine, request, prompt_ids)
+    for event in engine.stream_ids(prompt_ids, cancel, request.settings):
         yield from assembler.on_event(event)
 
 
@@ -225,9 +279,9 @@ async def astream_chat(
 ) -> AsyncIterator[ChatDelta]:
     """The async stream of a chat request. ``plan``: :func:`plan_chat`'s, if the caller made it already; otherwise
     it is made on a worker thread, since rendering and tokenizing a long chat would stall the event loop."""
-    assembler = _assembler(request)
     if plan is None:
         plan = await asyncio.to_thread(plan_chat, engine, request)
+    assembler = _assembler(engine, request, plan.prompt_ids)
     events = engine.astream_plan(plan)
     async for event in events:
         for delta in assembler.on_event(event):

@@ -49,6 +49,8 @@ class ParsedOutput:
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
+    reasoning: str | None = None  # the reasoning, told apart from the content ('separate'); None: not separated
+    reasoning_tokens: int = 0  # completion tokens up to where the answer starts (the end marker included)
 
 
 def _call_from_data(data: Any, raw: str) -> ToolCall | InvalidToolCall:

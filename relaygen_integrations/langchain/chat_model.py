@@ -7,7 +7,7 @@ shared by every RelayChatModel with the same model settings.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -18,15 +18,11 @@ from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
 )
 from langchain_core.callbacks.manager import ahandle_event, handle_event
-from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
     BaseMessage,
-    ChatMessage,
-    HumanMessage,
-    SystemMessage,
-    ToolMessage,
 )
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
@@ -39,19 +35,22 @@ from langchain_core.utils.uuid import uuid7
 from pydantic import BaseModel, ConfigDict
 
 from ..chat.model_fields import RelayModelFields
+from ..chat.profile import pair_profile
 from ..chat.relay_chat import ChatDelta, ChatRequest, astream_chat, prepare_chat, stream_chat
-from ..chat.tool_calls import InvalidToolCall, ToolCall, check_tool_choice, validate_tools
-from ..engine.core.prompt import TEXT_PART_SEPARATOR
+from ..chat.tool_calls import InvalidToolCall, ParsedOutput, ToolCall, check_tool_choice, validate_tools
 from ..engine.core.settings import merge_settings
 from ..engine.core.spans import RelayResult, SwitchEvent
 from ..engine.engine import RelayEngine
+from .messages import convert_messages
 
 SWITCH_EVENT = "relaygen_switch"
+# The provider name in LangSmith params (ls_provider) and response_metadata["model_provider"]: one name in both, so
+# middleware that trusts reported token counts only from its tracing provider trusts ours.
+PROVIDER = "relaygen"
 _RUN_KWARG = "relaygen_run_id"
 # BaseChatModel.stream/astream do not hand their run manager to _stream/_astream, so those two entry points register
 # the run's config under a run id chosen up front; _stream finds it here to fire switch events under that run.
 _STREAM_RUNS: dict[str, RunnableConfig] = {}
-_ROLE_OF = {"human": "user", "user": "user", "ai": "assistant", "assistant": "assistant", "system": "system"}
 
 
 class RelayChatModel(RelayModelFields, BaseChatModel):
@@ -80,6 +79,8 @@ class RelayChatModel(RelayModelFields, BaseChatModel):
     def __init__(self, engine: RelayEngine | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._engine = engine
+        if engine is not None and "profile" not in kwargs:
+            self.profile = self._resolve_model_profile()  # the validator ran before the engine was set
 
     # -- identity -----------------------------------------------------------------------------------------------
     @property
@@ -100,9 +101,14 @@ class RelayChatModel(RelayModelFields, BaseChatModel):
             "max_tokens": self.max_tokens, "top_p": self.top_p, "top_k": self.top_k, "dtype": self.dtype,
         }  # fmt: skip
 
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        """The pair's profile (context window, tools, structured output, reasoning) from the handed engine or the
+        large model's config files: no weights are loaded for it (``chat/profile.py``)."""
+        return pair_profile(self)  # type: ignore[return-value]
+
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
         params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_provider"] = "relaygen"
+        params["ls_provider"] = PROVIDER
         params["ls_model_name"] = kwargs.get("model", self.model_name)
         params["ls_model_type"] = "chat"
         params["ls_temperature"] = kwargs.get("temperature", self.temperature)
@@ -323,62 +329,20 @@ def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
     return list(merge_settings({"stop": stop}).stop)
 
 
-# -- message conversion (LangChain -> chat-template dicts) ----------------------------------------------------------
-# Content blocks that restate what AIMessage.tool_calls carries (rendered from there) or a provider's hidden reasoning.
-_SKIPPED_AI_BLOCKS = frozenset(
-    {"tool_use", "tool_call", "tool_call_chunk", "function_call", "server_tool_call", "reasoning", "thinking"}
-)
-
-
-def _text_content(message: BaseMessage) -> str:
-    content = message.content
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content:
-        if isinstance(block, str):
-            parts.append(block)
-        elif isinstance(block, Mapping) and block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        elif isinstance(message, AIMessage) and isinstance(block, Mapping) and block.get("type") in _SKIPPED_AI_BLOCKS:
-            continue
-        else:
-            kind = block.get("type") if isinstance(block, Mapping) else type(block).__name__
-            raise ValueError(
-                f"{type(message).__name__} has a {kind!r} content block; this text-only model pair accepts text only"
-            )
-    return TEXT_PART_SEPARATOR.join(parts)  # as the engine joins an OpenAI message's text parts
-
-
-def convert_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    """LangChain messages -> OpenAI-style dicts that the chat template renders (tool calls and results included)."""
-    converted: list[dict[str, Any]] = []
-    for message in messages:
-        if isinstance(message, ToolMessage):
-            converted.append({"role": "tool", "content": _text_content(message), "tool_call_id": message.tool_call_id})
-        elif isinstance(message, AIMessage):
-            entry: dict[str, Any] = {"role": "assistant", "content": _text_content(message)}
-            if message.tool_calls:
-                entry["tool_calls"] = [
-                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
-                    for c in message.tool_calls
-                ]
-            converted.append(entry)
-        elif isinstance(message, (HumanMessage, SystemMessage)):
-            converted.append({"role": _ROLE_OF[message.type], "content": _text_content(message)})
-        elif isinstance(message, ChatMessage):
-            converted.append({"role": _ROLE_OF.get(message.role, message.role), "content": _text_content(message)})
-        else:
-            raise ValueError(f"unsupported message type {type(message).__name__}")
-    return converted
-
-
 # -- metadata mapping ------------------------------------------------------------------------------------------------
-def _usage(result: RelayResult) -> UsageMetadata:
+def _usage(result: RelayResult, parsed: ParsedOutput | None) -> UsageMetadata:
+    """The engine's exact counts; prompt tokens read from the reused cache as ``cache_read``, and the reasoning's
+    tokens (the marker and the blank lines after it included) as ``reasoning`` when it was told apart."""
     usage = result.usage
-    return UsageMetadata(
-        input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens, total_tokens=usage.total_tokens
+    details = UsageMetadata(
+        input_tokens=usage.prompt_tokens,
+        output_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        input_token_details={"cache_read": usage.reused_prefix_tokens},
     )
+    if parsed is not None and parsed.reasoning is not None:
+        details["output_token_details"] = {"reasoning": parsed.reasoning_tokens}
+    return details
 
 
 def _response_metadata(delta: ChatDelta, model_name: str, streamed: bool = False) -> dict[str, Any]:
@@ -388,7 +352,12 @@ def _response_metadata(delta: ChatDelta, model_name: str, streamed: bool = False
     result = delta.result
     assert result is not None and delta.parsed is not None
     finish = "tool_calls" if delta.parsed.tool_calls else result.finish_reason
-    metadata = {"model_name": model_name, "finish_reason": finish, "relaygen": result.relay_metadata()}
+    metadata = {
+        "model_name": model_name,
+        "model_provider": PROVIDER,
+        "finish_reason": finish,
+        "relaygen": result.relay_metadata(),
+    }
     if result.logprobs is not None and not streamed:
         metadata["logprobs"] = {"content": [entry.to_openai() for entry in result.logprobs]}
     return metadata
@@ -399,11 +368,12 @@ def _chat_result(delta: ChatDelta, model_name: str) -> ChatResult:
     assert parsed is not None and delta.result is not None
     message = AIMessage(
         content=parsed.content,
+        additional_kwargs={"reasoning_content": parsed.reasoning} if parsed.reasoning else {},
         tool_calls=[tool_call(name=c.name, args=c.arguments, id=c.id) for c in parsed.tool_calls],
         invalid_tool_calls=[
             invalid_tool_call(name=c.name, args=c.raw, id=c.id, error=c.error) for c in parsed.invalid_tool_calls
         ],
-        usage_metadata=_usage(delta.result),
+        usage_metadata=_usage(delta.result, parsed),
         response_metadata=_response_metadata(delta, model_name),
     )
     return ChatResult(generations=[ChatGeneration(message=message)])
@@ -413,7 +383,7 @@ def _chunk(delta: ChatDelta, call_index: int, model_name: str) -> ChatGeneration
     if delta.result is not None:
         message = AIMessageChunk(
             content="",
-            usage_metadata=_usage(delta.result),
+            usage_metadata=_usage(delta.result, delta.parsed),
             response_metadata=_response_metadata(delta, model_name, streamed=True),
             chunk_position="last",
         )
@@ -422,6 +392,11 @@ def _chunk(delta: ChatDelta, call_index: int, model_name: str) -> ChatGeneration
     if delta.logprobs:  # merged chunk by chunk into the message's {"content": [...]}, as ChatOpenAI's stream does
         per_chunk["logprobs"] = {"content": [entry.to_openai() for entry in delta.logprobs]}
     call = delta.tool_call
+    if delta.reasoning:  # merged into additional_kwargs["reasoning_content"]: content_blocks' reasoning block
+        reasoning = {"reasoning_content": delta.reasoning}
+        return ChatGenerationChunk(
+            message=AIMessageChunk(content="", additional_kwargs=reasoning, response_metadata=per_chunk)
+        )
     if call is None:
         return ChatGenerationChunk(message=AIMessageChunk(content=delta.text, response_metadata=per_chunk))
     if isinstance(call, ToolCall):
@@ -446,6 +421,7 @@ def _aggregate(chunks: Iterator[ChatGenerationChunk] | list[ChatGenerationChunk]
             ChatGeneration(
                 message=AIMessage(
                     content=message.content,
+                    additional_kwargs=message.additional_kwargs,
                     tool_calls=message.tool_calls,
                     invalid_tool_calls=message.invalid_tool_calls,
                     usage_metadata=message.usage_metadata,

@@ -69,19 +69,20 @@ def _delta_tags(model: str | None, span_index: int) -> dict[str, Any]:
     return {"relaygen_model": model, "relaygen_span": span_index}
 
 
+def _switch_json(switch: SwitchEvent) -> dict[str, Any]:
+    return {
+        "from_model": switch.from_model,
+        "to_model": switch.to_model,
+        "trigger": switch.trigger,
+        "char_offset": switch.char_offset,
+        "span_index": switch.span_index,
+    }
+
+
 def _dispatch_switch(switch: SwitchEvent, span_id: str | None) -> None:
     # The span id is captured when the call starts: a stream is consumed after the call's span has been exited,
     # so the active span at consumption time belongs to the consumer, not to this LLM call.
-    dispatcher.event(
-        RelaySwitchEvent(
-            from_model=switch.from_model,
-            to_model=switch.to_model,
-            trigger=switch.trigger,
-            char_offset=switch.char_offset,
-            span_index=switch.span_index,
-            span_id=span_id,
-        )
-    )
+    dispatcher.event(RelaySwitchEvent(**_switch_json(switch), span_id=span_id))
 
 
 class ChatTurn:
@@ -91,20 +92,43 @@ class ChatTurn:
         self.span_id = span_id
         self.emit_deltas = emit_deltas
         self.content = ""
+        self.thinking = ""
         self.calls: list[ToolCall] = []
 
     def on_delta(self, delta: ChatDelta) -> ChatResponse | None:
         if delta.switch is not None:
             _dispatch_switch(delta.switch, self.span_id)
-            return None
+            if not self.emit_deltas:
+                return None
+            # Also in the stream itself, as an empty delta whose raw names the switch: agents copy each streamed
+            # response's raw into their AgentStream events, so a workflow's event stream shows who writes.
+            switch = delta.switch
+            return ChatResponse(
+                message=assistant_message(self.content, self.calls, reasoning=self.thinking),
+                delta="",
+                raw={"relaygen_switch": _switch_json(switch)},
+                additional_kwargs=_delta_tags(switch.to_model, switch.span_index),
+            )
         if delta.result is not None:
             parsed = delta.parsed or ParsedOutput(content=self.content, tool_calls=self.calls)
             return ChatResponse(
-                message=assistant_message(parsed.content, parsed.tool_calls, parsed.invalid_tool_calls),
+                message=assistant_message(
+                    parsed.content, parsed.tool_calls, parsed.invalid_tool_calls, parsed.reasoning
+                ),
                 delta="" if self.emit_deltas else None,
                 raw=_raw(delta.result),
                 logprobs=_logprobs(delta.result.logprobs),
                 additional_kwargs={"relaygen": delta.result.relay_metadata()},
+            )
+        if delta.reasoning:  # LlamaIndex's convention for streamed thinking (agents show it as it comes)
+            self.thinking += delta.reasoning
+            if not self.emit_deltas:
+                return None
+            return ChatResponse(
+                message=assistant_message(self.content, self.calls, reasoning=self.thinking),
+                delta="",
+                logprobs=_logprobs(delta.logprobs) if delta.logprobs else None,
+                additional_kwargs={"thinking_delta": delta.reasoning, **_delta_tags(delta.model, delta.span_index)},
             )
         if isinstance(delta.tool_call, ToolCall):
             self.calls.append(delta.tool_call)
@@ -117,7 +141,7 @@ class ChatTurn:
         if not self.emit_deltas:
             return None
         return ChatResponse(
-            message=assistant_message(self.content, self.calls),
+            message=assistant_message(self.content, self.calls, reasoning=self.thinking),
             delta=text,
             logprobs=_logprobs(delta.logprobs) if delta.logprobs else None,
             additional_kwargs=_delta_tags(delta.model, delta.span_index),

@@ -49,15 +49,16 @@ def to_relay_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         if role is None:
             raise ValueError(f"message {index} has role {role_value!r}, which the chat template cannot render")
         texts: list[str] = []
+        thoughts: list[str] = []
         calls: list[dict[str, Any]] = []
         for block in message.blocks:
             if isinstance(block, TextBlock):
                 texts.append(block.text)
             elif isinstance(block, ToolCallBlock):
                 calls.append(_template_call(block.tool_call_id, block.tool_name, block.tool_kwargs))
-            elif isinstance(block, (CachePoint, ThinkingBlock)):
-                # A cache hint means nothing to a local model; earlier reasoning is dropped from history the way
-                # reasoning-model chat templates drop it themselves.
+            elif isinstance(block, ThinkingBlock):
+                thoughts.append(block.content or "")
+            elif isinstance(block, CachePoint):  # a cache hint means nothing to a local model
                 continue
             else:
                 raise ValueError(
@@ -67,6 +68,10 @@ def to_relay_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         if not calls and role == "assistant":
             calls = [_template_call_from_kwargs(raw) for raw in message.additional_kwargs.get("tool_calls") or []]
         entry: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+        if role == "assistant" and any(thoughts):
+            # The reasoning goes to the chat template, which renders it where the model expects (Qwen3: inside
+            # <think> for the turns after the last user message) or drops it, as reasoning templates do.
+            entry["reasoning_content"] = "".join(thoughts)
         if calls:
             entry["tool_calls"] = calls
         if role == "tool":
@@ -123,8 +128,10 @@ def tool_dicts(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
 
 
 # -- assistant messages -------------------------------------------------------------------------------------------
-def assistant_message(content: str, calls: Sequence[ToolCall], invalid: Sequence[InvalidToolCall] = ()) -> ChatMessage:
-    blocks: list[Any] = []
+def assistant_message(
+    content: str, calls: Sequence[ToolCall], invalid: Sequence[InvalidToolCall] = (), reasoning: str | None = None
+) -> ChatMessage:
+    blocks: list[Any] = [ThinkingBlock(content=reasoning)] if reasoning else []
     if content or not calls:
         blocks.append(TextBlock(text=content))
     blocks.extend(ToolCallBlock(tool_call_id=c.id, tool_name=c.name, tool_kwargs=c.arguments) for c in calls)

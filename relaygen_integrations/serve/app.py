@@ -263,6 +263,8 @@ def create_app(
         assert final.result is not None and final.parsed is not None
         parsed, result = final.parsed, final.result
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if parsed.reasoning is not None:  # vLLM's and DeepSeek's field for a reasoning model's thinking
+            message["reasoning_content"] = parsed.reasoning
         if parsed.tool_calls:
             message["tool_calls"] = [_tool_call_json(call) for call in parsed.tool_calls]
             message["content"] = parsed.content or None
@@ -331,6 +333,8 @@ async def _chatsse(
                 call = [_tool_call_json(delta.tool_call, tool_index)]
                 yield chunk({"tool_calls": call}, logprobs=delta.logprobs, relaygen=where)
                 tool_index += 1
+            elif delta.reasoning:
+                yield chunk({"reasoning_content": delta.reasoning}, logprobs=delta.logprobs, relaygen=where)
             elif delta.text or delta.logprobs:
                 yield chunk({"content": delta.text} if delta.text else {}, logprobs=delta.logprobs, relaygen=where)
     except Exception as exc:  # the 200 status is sent already: report in the stream, as vLLM does

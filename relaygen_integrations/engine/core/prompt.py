@@ -177,7 +177,7 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
             )
         if calls is not None:
             _check_tool_calls(calls, f"{field}.tool_calls")
-        for key in ("tool_call_id", "name"):
+        for key in ("tool_call_id", "name", "reasoning_content"):
             if message.get(key) is not None and not isinstance(message[key], str):
                 raise MessageError(f"{field}.{key} must be a string, got {shown(message[key])}", f"{field}.{key}")
         check_json_data(message, field)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -109,6 +109,11 @@ class GenerationSettings(BaseModel):
     step cheaper and changes no output (``local/draft_head.py``); 0 = the whole vocabulary; None = the engine's."""
     reprefill_segments: bool = False
     """Baseline only: every segment re-reads the whole sequence, as RelayGen's original serving did."""
+    reasoning_format: Literal["separate", "inline"] | None = None
+    """Chat turns of a pair with a reasoning end (``</think>``) or answer marker: 'separate' hands the reasoning to
+    the framework apart from the answer (LangChain reasoning blocks, LlamaIndex ThinkingBlock, the server's
+    reasoning_content), 'inline' keeps the whole text as the content; None = 'separate' for thinking pairs, else
+    'inline' (``chat/reasoning.py``)."""
     logprobs: bool = False
     """Report each emitted token's log probability under the model whose token was kept (``RelayResult.logprobs``,
     the stream's ``TextEvent.logprobs``)."""

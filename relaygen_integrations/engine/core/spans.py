@@ -136,6 +136,8 @@ class RelayResult:
     finish_reason: FinishReason
     completion_ids: list[int] = field(default_factory=list)
     elapsed: float = 0.0
+    # The character offset in ``text`` after each completion token (a token cut by a stop sequence: past the end).
+    token_ends: list[int] = field(default_factory=list)
     # One entry per completion token when the request asked for ``logprobs``; None when it did not.
     logprobs: list[TokenLogprob] | None = None
 
@@ -147,6 +149,19 @@ class RelayResult:
             "small_tokens": self.usage.small_tokens,
             "small_share": round(self.usage.small_share, 4),
             "switches": self.usage.switches,
+            # Self-speculation (zeros when off): tokens the small model drafted and the large model accepted.
+            "speculation": {
+                "rounds": self.usage.speculative_rounds,
+                "drafted": self.usage.draft_tokens,
+                "accepted": self.usage.accepted_draft_tokens,
+                "acceptance_rate": round(self.usage.acceptance_rate, 4),
+            },
+            # Verified relay (zeros when off): small-model tokens the large model checked, kept and rejected.
+            "verification": {
+                "checked": self.usage.verified_tokens + self.usage.rejected_tokens,
+                "kept": self.usage.verified_tokens,
+                "rejected": self.usage.rejected_tokens,
+            },
             "usage": self.usage.to_dict(),
         }
 

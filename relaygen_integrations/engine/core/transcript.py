@@ -392,6 +392,7 @@ class Transcript:
                 usage=usage,
                 finish_reason=finish,
                 completion_ids=self.ids[self.prompt_len : self.prompt_len + kept],
+                token_ends=self.token_ends[:kept],
                 elapsed=ended - self.started,
                 logprobs=self.logprobs.kept(kept) if self.logprobs is not None else None,
             )
