@@ -130,3 +130,43 @@ async def test_switch_events_reach_an_instrumentation_handler(llm, collector):
     ]
     small_text = "".join(r.delta or "" for r in responses if r.additional_kwargs.get("relaygen_model") == "small")
     assert small_text == "".join(span["text"] for span in relay["spans"] if span["model"] == "small")
+
+
+async def test_an_agent_workflow_hands_off_and_its_event_stream_carries_the_switches(llm):
+    """Two agents: the first hands the request to the second (its handoff call's name prefilled), which writes the
+    answer; the workflow's AgentStream events carry the relay's switches (``raw["relaygen_switch"]``)."""
+    from llama_index.core.agent.workflow import AgentOutput, AgentStream, AgentWorkflow
+
+    front = FunctionAgent(
+        name="front",
+        description="Receives every request and hands it to the writer.",
+        system_prompt="You never answer yourself: hand every request to the writer agent with the handoff tool.",
+        llm=llm,
+        tools=[],
+        can_handoff_to=["writer"],
+        initial_tool_choice="handoff",
+    )
+    writer = FunctionAgent(
+        name="writer",
+        description="Writes short texts about any topic.",
+        system_prompt="You write short plain sentences. Every sentence starts with 'The'.",
+        llm=llm,
+        tools=[],
+    )
+    handler = AgentWorkflow(agents=[front, writer], root_agent="front").run(
+        user_msg="Write three short sentences about the moon. Each sentence must start with 'The'."
+    )
+    events = [event async for event in handler.stream_events()]
+    await handler
+    handoffs = [e for e in events if isinstance(e, ToolCallResult) and e.tool_name == "handoff"]
+    assert [h.tool_kwargs["to_agent"] for h in handoffs] == ["writer"]
+    outputs = [e for e in events if isinstance(e, AgentOutput)]
+    assert outputs[-1].current_agent_name == "writer" and outputs[-1].response.content.strip()
+    switches = [
+        e.raw["relaygen_switch"]
+        for e in events
+        if isinstance(e, AgentStream) and isinstance(e.raw, dict) and "relaygen_switch" in e.raw
+    ]
+    assert switches and {s["from_model"] for s in switches} <= {"large", "small"}
+    writer_switches = [e for e in events if isinstance(e, AgentStream) and e.current_agent_name == "writer" and e.raw]
+    assert any("relaygen_switch" in e.raw for e in writer_switches)  # the writer's sentences start with a cue
