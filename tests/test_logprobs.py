@@ -78,6 +78,10 @@ CASES = [
 def test_each_token_has_the_writing_models_own_log_probability(engine, settings):
     result = engine.generate(MESSAGES, max_new_tokens=40, logprobs=True, top_logprobs=3, **settings)
     check_entries(engine, result, 3)
+    plain = engine.generate(MESSAGES, max_new_tokens=40, **settings)  # asking for them changes no token
+    if not settings.get("temperature"):  # a seeded sampled run draws in the same order too, but greedy is the claim
+        assert plain.completion_ids == result.completion_ids
+        assert [(s.model, s.start, s.end) for s in plain.spans] == [(s.model, s.start, s.end) for s in result.spans]
 
 
 def test_the_cases_run_both_models_spans_rejections_and_drafts(engine):
