@@ -33,6 +33,11 @@ CALCULATOR_PROMPT = (
     '<tool_call>\n{"name": "multiply", "arguments": {"a": <first number>, "b": <second number>}}\n</tool_call>\n'
     "After the tool result arrives, answer with that number."
 )
+# As for the calculator: the call's shape spelled out (the handoff tool's name is prefilled by initial_tool_choice).
+HANDOFF_PROMPT = (
+    "You never answer yourself. Hand every request to the writer agent by replying with exactly:\n"
+    '<tool_call>\n{"name": "handoff", "arguments": {"to_agent": "writer", "reason": "<why>"}}\n</tool_call>'
+)
 PRODUCT = 1234 * 5678  # 7006652: not something a 1.5B model multiplies correctly in its head
 
 
@@ -140,7 +145,7 @@ async def test_an_agent_workflow_hands_off_and_its_event_stream_carries_the_swit
     front = FunctionAgent(
         name="front",
         description="Receives every request and hands it to the writer.",
-        system_prompt="You never answer yourself: hand every request to the writer agent with the handoff tool.",
+        system_prompt=HANDOFF_PROMPT,
         llm=llm,
         tools=[],
         can_handoff_to=["writer"],
@@ -159,7 +164,11 @@ async def test_an_agent_workflow_hands_off_and_its_event_stream_carries_the_swit
     events = [event async for event in handler.stream_events()]
     await handler
     handoffs = [e for e in events if isinstance(e, ToolCallResult) and e.tool_name == "handoff"]
-    assert [h.tool_kwargs["to_agent"] for h in handoffs] == ["writer"]
+    # The last handoff reaches the writer. Before it, a forced call may come with no arguments (seen on the demo pair:
+    # `{}`), which the workflow answers with a tool error and the model then corrects - constrained decoding
+    # (issue 31) is what makes the first call valid.
+    assert handoffs and handoffs[-1].tool_kwargs.get("to_agent") == "writer", [h.tool_kwargs for h in handoffs]
+    assert all(h.tool_output.is_error for h in handoffs[:-1]) and not handoffs[-1].tool_output.is_error
     outputs = [e for e in events if isinstance(e, AgentOutput)]
     assert outputs[-1].current_agent_name == "writer" and outputs[-1].response.content.strip()
     switches = [
