@@ -97,10 +97,25 @@ def test_a_template_that_opens_the_reasoning_puts_unfinished_output_in_the_reaso
     assert thinking.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True).endswith("<think>\n")
     pair = tiny_qwen2(thinking, seed=1, hidden=32, layers=1), tiny_qwen2(thinking, seed=2, hidden=32, layers=1)
     engine = RelayEngine.from_models(*pair, thinking, cues=["the"], policy={"reasoning_end": "</think>"})
-    message = RelayChatModel(engine=engine, max_tokens=12).invoke(PROMPT[0]["content"])
+    model = RelayChatModel(engine=engine, max_tokens=12)
+    message = model.invoke(PROMPT[0]["content"])
     text = engine.generate(PROMPT, max_new_tokens=12).text
     assert message.content == "" and message.additional_kwargs["reasoning_content"] == text
     assert message.usage_metadata["output_token_details"]["reasoning"] == message.usage_metadata["output_tokens"]
+
+    async def astream():
+        chunks = [chunk async for chunk in model.astream(PROMPT[0]["content"])]
+        return "".join(c.additional_kwargs.get("reasoning_content", "") for c in chunks), "".join(
+            c.text for c in chunks
+        )
+
+    assert asyncio.run(astream()) == (text, "")
+    llm = RelayLLM(engine=engine, max_tokens=12)
+    response = llm.chat([ChatMessage(role="user", content=PROMPT[0]["content"])])
+    assert isinstance(response.message.blocks[0], ThinkingBlock) and response.message.blocks[0].content == text
+    assert not response.message.content
+    deltas = list(llm.stream_chat([ChatMessage(role="user", content=PROMPT[0]["content"])]))
+    assert "".join(d.additional_kwargs.get("thinking_delta", "") for d in deltas) == text
 
 
 # -- LangChain ------------------------------------------------------------------------------------------------------
