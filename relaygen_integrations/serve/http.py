@@ -139,8 +139,8 @@ def run_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_leve
     sys.setswitchinterval(SERVER_SWITCH_INTERVAL_S)
     # The Rust tokenizer would spread a long chat's encoding over every core, starving the event loop's thread
     # (requests are prepared one at a time on one thread by design); read when its thread pool first starts.
-    # Measured with a CPU-bound process beside the big-bodies test on 2 cores: 4 of 5 runs with no poll over 50 ms
-    # (slowest polls 16-25 ms), against 1 of 3 without it (slowest 75 ms).
+    # With a CPU-bound process beside the big-bodies test on 2 cores, 4 of 5 runs had no poll over 50 ms (their
+    # slowest 16-25 ms; the fifth 73 ms), against 2 of 3 without it (one at 75 ms): a small sample, in its favour.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Everything loaded so far (torch, transformers, the models' Python objects: hundreds of thousands) lives as long
     # as the server: moved out of the collector's reach, a full collection - triggered by the many objects a big
