@@ -43,8 +43,8 @@ def _held_tail(text: str, marker: str) -> int:
 
 @dataclass
 class ReasoningSplitter:
-    """Splits streamed text into reasoning and content pieces; ``offset`` is where the answer starts in the whole
-    text once the end marker has been seen (its tokens: ``RelayResult.token_ends``)."""
+    """Splits streamed text into reasoning and content pieces; ``answer_start`` is where the answer starts in the
+    whole text once the end marker has been seen (which tokens lie before it: :meth:`tokens_before_answer`)."""
 
     end_marker: str
     in_reasoning: bool | None  # None: undecided until the output shows whether it opens a block

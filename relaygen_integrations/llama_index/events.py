@@ -17,7 +17,15 @@ from llama_index.core.instrumentation.events.base import BaseEvent
 
 from ..chat.relay_chat import ChatDelta
 from ..chat.tool_calls import ParsedOutput, ToolCall
-from ..engine.core.spans import FinalEvent, RelayResult, StreamEvent, SwitchEvent, TextEvent, TokenLogprob
+from ..engine.core.spans import (
+    FinalEvent,
+    RelayResult,
+    StreamEvent,
+    SwitchEvent,
+    TextEvent,
+    TokenLogprob,
+    token_bytes,
+)
 from .messages import assistant_message
 
 dispatcher = get_dispatcher(__name__)
@@ -54,9 +62,9 @@ def _logprobs(entries: Sequence[TokenLogprob] | None) -> list[list[LogProb]] | N
         return None
     return [
         [
-            LogProb(token=entry.token, logprob=entry.logprob, bytes=list(entry.token.encode("utf-8", "surrogatepass"))),
+            LogProb(token=entry.token, logprob=entry.logprob, bytes=token_bytes(entry.token)),
             *(
-                LogProb(token=text, logprob=value, bytes=list(text.encode("utf-8", "surrogatepass")))
+                LogProb(token=text, logprob=value, bytes=token_bytes(text))
                 for token_id, text, value in entry.top
                 if token_id != entry.token_id
             ),

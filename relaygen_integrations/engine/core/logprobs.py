@@ -46,17 +46,17 @@ class LogprobLedger:
         # to U+FFFD; the text events carry the exact text).
         return self.tokenizer.decode([token_id])
 
-    def kept(self, count: int) -> list[TokenLogprob]:
-        """The entries of the first ``count`` completion tokens."""
-        missing = [j for j in range(count) if self.prompt_len + j not in self.entries]
+    def kept(self, count: int, start: int = 0) -> list[TokenLogprob]:
+        """The entries of completion tokens [``start``, ``count``)."""
+        missing = [j for j in range(start, count) if self.prompt_len + j not in self.entries]
         if missing:
             raise RuntimeError(f"no log probability was noted for completion token(s) {missing[:5]}")
-        return [self.entries[self.prompt_len + j] for j in range(count)]
+        return [self.entries[self.prompt_len + j] for j in range(start, count)]
 
     def hand_out(self, through: int) -> tuple[TokenLogprob, ...]:
         """The entries of completion tokens [handed out so far, ``through``) - each handed out once."""
         if through <= self.handed_out:
             return ()
-        entries = self.kept(through)[self.handed_out :]
+        entries = self.kept(through, self.handed_out)  # only the new ones: a text event per token stays O(1)
         self.handed_out = through
         return tuple(entries)

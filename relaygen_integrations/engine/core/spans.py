@@ -117,13 +117,17 @@ class TokenLogprob:
         return {
             "token": self.token,
             "logprob": self.logprob,
-            "bytes": list(self.token.encode("utf-8", "surrogatepass")),
+            "bytes": token_bytes(self.token),
             "top_logprobs": [
-                {"token": text, "logprob": value, "bytes": list(text.encode("utf-8", "surrogatepass"))}
-                for _id, text, value in self.top
+                {"token": text, "logprob": value, "bytes": token_bytes(text)} for _id, text, value in self.top
             ],
             "model": self.model,
         }
+
+
+def token_bytes(text: str) -> list[int]:
+    """A token's text as the UTF-8 bytes OpenAI reports (a lone surrogate kept, not an error)."""
+    return list(text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass
