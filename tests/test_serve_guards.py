@@ -276,7 +276,8 @@ assert len(body) > 600_000
 def send(_):
     with httpx.Client(timeout=120) as client:
         headers = {"content-type": "application/json"}
-        return client.post(sys.argv[1] + "/chat/completions", content=body, headers=headers).status_code
+        answer = client.post(sys.argv[1] + "/chat/completions", content=body, headers=headers)
+        return answer.status_code, answer.elapsed.total_seconds()
 with ThreadPoolExecutor(8) as pool:
     print(json.dumps(list(pool.map(send, range(8)))))
 """
@@ -284,8 +285,10 @@ with ThreadPoolExecutor(8) as pool:
 
 def test_big_bodies_do_not_stall_the_event_loop():
     """Eight 20,000-message bodies at once, each turned away for its length after it is rendered and tokenized
-    (about a second of work each), while a client polls /v1/models every 20 ms: every poll answers within 50 ms,
-    since request work runs off the event loop."""
+    (about a second of work each), while a client polls /v1/models every 20 ms. Had a body's work run on the event
+    loop, a poll would wait for it: a second or more. Off the loop, 95 % of polls answer within 50 ms and none takes a
+    fifth of the quickest body's answer (a lone poll of 50-60 ms is the OS scheduler on two shared cores: seen in
+    1 of ~10 CI runs)."""
     import subprocess
     import sys
     import time
@@ -317,10 +320,14 @@ def test_big_bodies_do_not_stall_the_event_loop():
                 assert client.get(f"{base}/models").status_code == 200
                 polls.append(time.perf_counter() - started)
                 time.sleep(0.02)
-            statuses = json.loads(senders.stdout.read())
-        assert statuses == [400] * 8  # each turned away for its length, with an error naming it
-        slowest_ms = [round(p * 1000) for p in sorted(polls)[-4:]]
-        assert len(polls) > 20 and max(polls) < 0.05, (len(polls), slowest_ms)
+            answers = json.loads(senders.stdout.read())
+        assert [status for status, _ in answers] == [400] * 8  # each turned away for its length, naming it
+        quickest_body = min(seconds for _, seconds in answers)
+        polls.sort()
+        slowest_ms = [round(p * 1000) for p in polls[-4:]]
+        assert quickest_body > 0.3, quickest_body  # each body is real work, so a poll stuck behind one would show
+        assert len(polls) > 20, len(polls)
+        assert polls[int(len(polls) * 0.95)] < 0.05 and polls[-1] < quickest_body / 5, (slowest_ms, quickest_body)
     finally:
         server.terminate()
         server.wait(30)
