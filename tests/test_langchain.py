@@ -159,8 +159,9 @@ def test_tool_call_becomes_tool_calls_with_ids(tokenizer):
 
 
 def test_malformed_tool_call_is_an_invalid_tool_call(tokenizer):
+    """Unconstrained (a grammar would not let the model write it): the parser keeps a broken call as invalid."""
     bad = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": }}\n</tool_call>'
-    model = RelayChatModel(engine=chat_engine(tokenizer, bad)).bind_tools([multiply])
+    model = RelayChatModel(engine=chat_engine(tokenizer, bad), constrain=False).bind_tools([multiply])
     message = model.invoke("What is 6 times 7?")
     assert message.tool_calls == [] and message.invalid_tool_calls[0]["name"] is None
     assert "not valid JSON" in message.invalid_tool_calls[0]["error"]
@@ -171,11 +172,15 @@ def test_malformed_tool_call_is_an_invalid_tool_call(tokenizer):
 @pytest.mark.parametrize("choice", ["any", "required", "multiply", True])
 def test_forced_tool_choice_prefills_the_call(tokenizer, choice):
     engine = chat_engine(tokenizer, CALL)
-    model = RelayChatModel(engine=engine).bind_tools([multiply], tool_choice=choice)
+    model = RelayChatModel(engine=engine, constrain=False).bind_tools([multiply], tool_choice=choice)
     message = model.invoke("Hi there")
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [("multiply", {"a": 6, "b": 7})]
     # The prefill is in the prompt, so the model wrote only what follows it.
     assert message.usage_metadata["output_tokens"] < len(tokenizer.encode(CALL))
+    # Constrained (the default), the grammar forces the call instead: the model writes all of it.
+    constrained = RelayChatModel(engine=engine).bind_tools([multiply], tool_choice=choice).invoke("Hi there")
+    assert [(c["name"], c["args"]) for c in constrained.tool_calls] == [("multiply", {"a": 6, "b": 7})]
+    assert constrained.usage_metadata["output_tokens"] == len(tokenizer.encode(CALL))
 
 
 def test_unknown_tool_choice_fails_at_bind_time(model):

@@ -368,7 +368,7 @@ async def test_streamed_tool_calls_arrive_whole_and_match_the_final(tokenizer):
     ],
 )
 async def test_malformed_tool_json_never_raises_from_chat(tokenizer, body):
-    llm = RelayLLM(engine=tool_engine(tokenizer, body), max_tokens=120)
+    llm = RelayLLM(engine=tool_engine(tokenizer, body), max_tokens=120, constrain=False)  # a grammar forbids these
     for response in (
         llm.chat_with_tools([MULTIPLY], user_msg=PROMPT[0]["content"]),
         list(llm.stream_chat_with_tools([MULTIPLY], user_msg=PROMPT[0]["content"]))[-1],
@@ -412,7 +412,7 @@ async def test_tool_required_and_named_choice_prefill_the_call(tokenizer, choice
     assert prefix is not None and CALL.startswith(prefix)
     engine = tool_engine(tokenizer, CALL[len(prefix) :], prefix=prefix)
     prompts = spy_prompts(engine)
-    llm = RelayLLM(engine=engine, max_tokens=120)
+    llm = RelayLLM(engine=engine, max_tokens=120, constrain=False)  # the prefill path; constrained: test_grammar.py
     kwargs = llm._prepare_chat_with_tools([MULTIPLY], user_msg="hi", **choice)
     assert kwargs["tools"] == [MULTIPLY_SPEC] and kwargs["tool_choice"] == tool_choice
     response = llm.chat_with_tools([MULTIPLY], user_msg=PROMPT[0]["content"], **choice)

@@ -84,6 +84,7 @@ class ScriptBackend:
 
     kind = "script"
     serialized = False
+    grammars = False
     large_name, small_name = "script-large", "script-small"
     context_window = 4096
 

@@ -8,6 +8,7 @@ final parsed result.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.core.prompt import check_json_data, validate_messages
 from ..engine.core.settings import SettingsError, shown
+from .constraints import response_grammar, tool_call_grammar, turn_grammar
 from .reasoning import ReasoningFormat, ReasoningSplitter, starts_in_reasoning
 from .tool_calls import (
     InvalidToolCall,
@@ -63,6 +65,9 @@ class ChatRequest:
     chat_template_kwargs: Mapping[str, Any] | None
     settings: GenerationSettings
     raw_markup: bool = False  # control-token strings in the messages become tokens (the caller passes chat markup)
+    tool_choice: Any = None  # checked; forced choices are enforced by the prefill, or by the grammar when constrained
+    response_format: Mapping[str, Any] | None = None  # checked
+    constrained: bool = False  # runs under a grammar (set by ``_as_run`` for an engine whose backend masks tokens)
 
 
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
@@ -140,7 +145,39 @@ def prepare_chat(
         else:
             chat.insert(0, {"role": "system", "content": instruction})
         prefix = prefix or "{"
-    return ChatRequest(chat, checked or None, prefix, chat_template_kwargs, settings, raw_markup)
+    return ChatRequest(
+        chat, checked or None, prefix, chat_template_kwargs, settings, raw_markup, tool_choice, response_format
+    )
+
+
+def _as_run(engine: RelayEngine, request: ChatRequest) -> ChatRequest:
+    """The request as it runs on ``engine``: under a grammar (``chat/constraints.py``) when it has tools or a JSON
+    response format, ``constrain`` is on, no grammar of its own was given and the backend can mask tokens; then the
+    grammar enforces what the prefill would have (a forced call, the opening brace), so there is no prefill."""
+    settings = request.settings
+    json_format = bool(request.response_format) and request.response_format.get("type") in ("json_object", "json_schema")  # type: ignore[union-attr]
+    wanted = bool(request.tools) or json_format
+    if request.constrained or not wanted or not settings.constrain or settings.grammar is not None:
+        return request
+    if not getattr(engine.backend, "grammars", False):
+        return request  # a remote pair: the prefill and the parser, as without constraints
+    return dataclasses.replace(request, prefix=None, constrained=True)
+
+
+def _run_settings(engine: RelayEngine, request: ChatRequest, prompt_ids: Sequence[int]) -> GenerationSettings:
+    """The settings the engine runs: the request's, with its grammar when it is constrained."""
+    if not request.constrained:
+        return request.settings
+    tokenizer = engine.backend.grammar_tokenizer  # type: ignore[attr-defined]
+    if request.tools:
+        rules, turn = tool_call_grammar(request.tools, request.tool_choice, tokenizer)
+    else:
+        rules, turn = response_grammar(request.response_format or {}, response_schema(request.response_format))
+    end = engine.policy_config.reasoning_end
+    # A thinking pair's reasoning comes first where the prompt leaves a reasoning block open (as the splitter says).
+    opened = end is not None and starts_in_reasoning(engine.tokenizer.decode(list(prompt_ids[-32:])), end)
+    grammar = turn_grammar(rules, turn, end if opened else None, tokenizer)
+    return request.settings.model_copy(update={"grammar": grammar})
 
 
 class ChatStreamAssembler:
@@ -263,15 +300,20 @@ def _prompt_ids(engine: RelayEngine, request: ChatRequest) -> list[int]:
 
 
 def stream_chat(engine: RelayEngine, request: ChatRequest, cancel: Any = None) -> Iterator[ChatDelta]:
+    request = _as_run(engine, request)
     prompt_ids = _prompt_ids(engine, request)
+    settings = _run_settings(engine, request, prompt_ids)
     assembler = _assembler(engine, request, prompt_ids)
-    for event in engine.stream_ids(prompt_ids, cancel, request.settings):
+    for event in engine.stream_ids(prompt_ids, cancel, settings):
         yield from assembler.on_event(event)
 
 
 def plan_chat(engine: RelayEngine, request: ChatRequest) -> GenerationPlan:
-    """The request rendered, tokenized and planned (its length checked): the CPU work before any model work."""
-    return engine.plan(_prompt_ids(engine, request), request.settings)
+    """The request rendered, tokenized and planned (its length checked, its grammar compiled): the CPU work before
+    any model work."""
+    request = _as_run(engine, request)
+    prompt_ids = _prompt_ids(engine, request)
+    return engine.plan(prompt_ids, _run_settings(engine, request, prompt_ids))
 
 
 async def astream_chat(
@@ -281,7 +323,7 @@ async def astream_chat(
     it is made on a worker thread, since rendering and tokenizing a long chat would stall the event loop."""
     if plan is None:
         plan = await asyncio.to_thread(plan_chat, engine, request)
-    assembler = _assembler(engine, request, plan.prompt_ids)
+    assembler = _assembler(engine, _as_run(engine, request), plan.prompt_ids)
     events = engine.astream_plan(plan)
     async for event in events:
         for delta in assembler.on_event(event):

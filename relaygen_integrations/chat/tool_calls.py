@@ -117,8 +117,9 @@ class ToolCallStreamParser:
 
     Content that might be the start of ``<tool_call>`` is held back until it is decided, so a stream never shows
     half a tag as text. With ``tool_names`` (tools are bound), a fenced code block is held back until it closes: a
-    block holding ``{"name": <a bound tool>, "arguments": {...}}`` is a tool call - small models such as
-    Qwen2.5-Coder-1.5B write optional calls that way instead of in ``<tool_call>`` tags - anything else is text.
+    block holding exactly ``{"name": <a bound tool>, "arguments": {...}}`` is a tool call - small models such as
+    Qwen2.5-Coder-1.5B write optional calls that way instead of in ``<tool_call>`` tags when they run unconstrained
+    (``constrain=False``, or a remote pair) - anything else is text.
     """
 
     def __init__(self, tool_names: Iterable[str] = ()) -> None:
@@ -183,9 +184,11 @@ class ToolCallStreamParser:
             data = json.loads(inner)
         except json.JSONDecodeError:
             return None
+        # Exactly a call's keys: a block that repeats a call with more in it (a small model echoing a call with its
+        # "result" after the tool answered) is text, or an agent loop would run that call again and again.
         if not isinstance(data, dict) or data.get("name") not in self.tool_names:
             return None
-        if "arguments" not in data and "parameters" not in data:
+        if set(data) not in ({"name", "arguments"}, {"name", "parameters"}):
             return None
         call = _call_from_data(data, inner.strip())
         return call if isinstance(call, ToolCall) else None

@@ -75,6 +75,7 @@ class Backend(Protocol):
     eos_ids: frozenset[int]
     vocab_size: int  # the token ids every model of the pair can read (the front refuses a prompt id beyond it)
     serialized: bool  # whether requests must run one at a time (local caches hold one sequence)
+    grammars: bool  # whether it can mask tokens by a grammar (``GenerationSettings.grammar``)
 
     @property
     def roles(self) -> frozenset[ModelRole]: ...

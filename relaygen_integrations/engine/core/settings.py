@@ -119,6 +119,13 @@ class GenerationSettings(BaseModel):
     the stream's ``TextEvent.logprobs``)."""
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS, strict=True)] = 0
     """With ``logprobs``: also the N most likely tokens at each position, with their log probabilities."""
+    grammar: str | None = None
+    """A grammar the completion must match: Lark in llguidance's dialect (``%json {...}`` inlines a JSON schema;
+    ``<[id]>`` is a special token). Every token either model writes is chosen under its mask. None = free text
+    (chat turns derive one from their tools or response_format unless ``constrain`` is off)."""
+    constrain: bool = True
+    """Chat turns with tools or a JSON response_format generate under a grammar that keeps tool calls and JSON well
+    formed (``chat/constraints.py``); False = free text, parsed afterwards."""
     verify: VerifySetting = None
     """Verified relay: the large model checks the small model's tokens in its catch-up pass (``engine/core/verify.py``);
     a spec string ("greedy", "prob:0.05", "ratio:0.1", "+answer" to check the answer too), "off", or None for the

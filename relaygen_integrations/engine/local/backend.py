@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..constraints.grammar import GrammarTokenizer
 from ..core.backend import BackendCapabilityError
 from ..core.settings import GenerationError, GenerationPlan
 from ..core.spans import ModelRole
@@ -27,6 +28,7 @@ class LocalBackend:
 
     kind = "local"
     serialized = True
+    grammars = True  # masks tokens by a grammar (``constraints/grammar.py``)
 
     def __init__(
         self,
@@ -60,6 +62,10 @@ class LocalBackend:
         # Padding rows aside, an id past either model's embedding table would index out of range.
         self.vocab_size = min([len(tokenizer)] + [int(r.model.config.vocab_size) for r in self.runners.values()])
         self.reuse_prefix = reuse_prefix
+        # llguidance's view of the tokenizer, built on the first constrained request (~1 s); masks as wide as the
+        # large model's logits (its padding rows are never allowed).
+        width = int(large.config.get_text_config(decoder=True).vocab_size)
+        self.grammar_tokenizer = GrammarTokenizer(tokenizer, width, sorted(self.eos_ids))
         # Speculation: a draft stops after a token the small model gave less than this probability (0 = never).
         self.draft_confidence = float(draft_confidence)
 
@@ -68,7 +74,9 @@ class LocalBackend:
         return frozenset(self.runners)
 
     def check(self, plan: GenerationPlan) -> None:
-        """Everything a local pair can run is checked by the engine front already."""
+        """A grammar must compile (compiled once per grammar); the rest is checked by the engine front already."""
+        if plan.settings.grammar is not None:
+            self.grammar_tokenizer.check(plan.settings.grammar)
 
     def open(
         self, plan: GenerationPlan, transcript: Transcript, step_lock: threading.Lock | None = None
@@ -93,6 +101,11 @@ class LocalBackend:
             reprefill_segments=plan.reprefill_segments,
             speculation=speculation,
             step_lock=step_lock,
+            grammar=(
+                self.grammar_tokenizer.state(plan.settings.grammar, len(plan.prompt_ids))
+                if plan.settings.grammar is not None
+                else None
+            ),
         )
 
     def draft_head(self, request: int | None) -> DraftHead | None:

@@ -13,6 +13,7 @@ import torch
 from ..core.settings import MAX_DRAFT_LIMIT
 from ..core.spans import ModelRole
 from ..core.transcript import BackendUsage, Fed, Transcript
+from ..constraints.grammar import GrammarState
 from .runner import ModelRunner
 from .sampling import Sampler, token_logprobs
 from .speculative import Drafter, SpeculationStats, speculative_step
@@ -44,8 +45,12 @@ class LocalSession:
         reprefill_segments: bool = False,
         speculation: Speculation | None = None,
         step_lock: threading.Lock | None = None,
+        grammar: GrammarState | None = None,
     ) -> None:
         self.runners = runners
+        # The request's grammar (None: unconstrained): it follows the transcript's kept ids before every step, and
+        # every token - either model's, a draft's, the large model's where it rejects - is chosen under its mask.
+        self.grammar = grammar
         # Runners shared with other sessions that interleave step by step (the single-model server): every step
         # takes the lock and first brings the cache back to this request's sequence, so an abandoned or concurrent
         # request can never leave it holding another one's tokens. None: this session has the runners to itself.
@@ -78,6 +83,12 @@ class LocalSession:
         first = transcript.prompt_len + start
         ids = transcript.ids
         rows = large.score(ids, first)  # rows[j] predicts ids[first + j]; the last row follows the whole sequence
+        raw = rows
+        if self.grammar is not None:
+            # The large model judges each small token by its distribution under the grammar at that position (a
+            # forced brace is no reason to reject), and writes its own token where it rejects under the mask too.
+            self.grammar.follow(ids)
+            rows = self.grammar.masked_rows(rows, first - transcript.prompt_len)
         rejected = rule.first_rejected(rows[: end - start], ids[first : transcript.prompt_len + end])
         cut = transcript.settle_run(rejected)
         if cut is None:
@@ -86,20 +97,22 @@ class LocalSession:
         for runner in self.runners.values():
             runner.sync_to(transcript.ids)  # both caches back to the kept sequence
         self.pending = self.sampler(row, transcript.ids)
-        self._note_logprobs(len(transcript.ids), row[None], [self.pending], "large")
+        self._note_logprobs(len(transcript.ids), raw[cut - start][None], [self.pending], "large")
 
     def next_tokens(self, writer: ModelRole) -> list[int]:
         if self.pending is not None:
             token, self.pending = self.pending, None  # the large model's choice where it rejected the small one
             return [token]
         ids = self.transcript.ids
+        if self.grammar is not None:
+            self.grammar.follow(ids)  # rejected drafts, a discarded tail, a rolled-back look-ahead token: undone
         if self.speculation is not None and writer == "large":
             # Draft-and-verify: several tokens, each the large model's own choice; whatever follows a switch is
             # discarded by the transcript (and cropped from the caches in after_feed).
             budget = (self.transcript.max_new_tokens or 1 << 30) - self.transcript.completion_tokens
             tokens, rows = speculative_step(
                 self.runners["large"], self.speculation.drafter, ids, self.sampler, budget, self.transcript.eos_ids,
-                self.speculation.stats,
+                self.speculation.stats, self.grammar,
             )  # fmt: skip
             self._note_logprobs(len(ids), rows, tokens, "large")
             return tokens
@@ -110,7 +123,8 @@ class LocalSession:
                 runner = self.runners[writer]
                 runner.sync_to(ids)
                 logits = runner.logits_for(ids)
-        token = self.sampler(logits, ids)
+        choose = logits if self.grammar is None else self.grammar.masked(logits)
+        token = self.sampler(choose, ids)
         self._note_logprobs(len(ids), logits[None], [token], writer)
         return [token]
 
@@ -141,6 +155,7 @@ class LocalSession:
     def usage(self) -> BackendUsage:
         stats = self.speculation.stats if self.speculation else SpeculationStats()
         seconds = {role: runner.stats.forward_seconds for role, runner in self.runners.items()}
+        grammar = {"grammar.mask": self.grammar.mask_seconds} if self.grammar is not None else {}
         return BackendUsage(
             reused_prefix_tokens=sum(r.stats.reused_tokens for r in self.runners.values()),
             speculative_rounds=stats.rounds,
@@ -152,5 +167,6 @@ class LocalSession:
                 f"{role}.{kind}": spent
                 for role, runner in self.runners.items()
                 for kind, spent in runner.stats.seconds_by_kind.items()
-            },
+            }
+            | grammar,
         )

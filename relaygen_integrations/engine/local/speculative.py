@@ -19,6 +19,11 @@ The drafter is an interface (:class:`Drafter`, after transformers' candidate gen
 n-gram or prompt-lookup drafter would plug in beside it. The generation loop feeds accepted tokens to the switching
 policy one at a time, exactly as if they had been decoded one by one; when a cue completes inside an accepted run the
 rest is discarded and both caches are cropped.
+
+Under a grammar (``constraints/grammar.py``) every draft step is masked by the grammar state at its position and
+advances it; the check's rows are masked by the same states (row ``i`` by the state after draft tokens ``[:i]``), so
+the accepted tokens and the large model's own token all keep to the grammar. The state then holds every draft token:
+the session's next ``follow`` rolls back those it did not keep.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Protocol
 
 import torch
 
+from ..constraints.grammar import GrammarState
 from ..core.settings import DEFAULT_MAX_DRAFT
 from .runner import ModelRunner
 from .sampling import Sampler
@@ -76,9 +82,12 @@ def draft(
     length: int,
     eos_ids: frozenset[int],
     min_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+    grammar: GrammarState | None = None,
 ) -> tuple[list[int], list[torch.Tensor]]:
     """Up to ``length`` tokens proposed by the small model after ``ids``; stops after an end-of-sequence token or a
-    token the small model gave a probability below ``min_confidence``.
+    token the small model gave a probability below ``min_confidence``. Under ``grammar`` each step is masked and
+    advances the state; a draft also stops where the grammar leaves the small model nothing it can score (a reduced
+    draft vocabulary without the token the grammar needs).
 
     Returns the tokens and, when sampling, the draft distribution ``q`` each was drawn from (empty when greedy).
     """
@@ -91,6 +100,10 @@ def draft(
     for step in range(length):
         if step:
             logits = small.draft_step(tokens[-1])
+        if grammar is not None:
+            logits = grammar.masked(logits)
+            if not torch.isfinite(logits).any():
+                break
         if sampler.params.greedy:
             token = int(torch.argmax(logits))
             confidence = float(torch.softmax(logits, dim=-1)[token]) if min_confidence > 0 else 1.0
@@ -101,6 +114,8 @@ def draft(
             draft_probs.append(q)
             context.append(token)
         tokens.append(token)
+        if grammar is not None and token not in eos_ids:
+            grammar.advance(token)
         if token in eos_ids or confidence < min_confidence:
             break
     return tokens, draft_probs
@@ -153,10 +168,16 @@ class Drafter(Protocol):
     ``get_candidates`` / ``update_candidate_strategy``)."""
 
     def propose(
-        self, ids: list[int], sampler: Sampler, budget: int, eos_ids: frozenset[int]
+        self,
+        ids: list[int],
+        sampler: Sampler,
+        budget: int,
+        eos_ids: frozenset[int],
+        grammar: GrammarState | None = None,
     ) -> tuple[list[int], list[torch.Tensor]]:
         """At most ``budget`` tokens to follow ``ids`` and, when sampling, the distribution each was drawn from
-        (the acceptance rule needs ``q``); greedy drafters return no distributions."""
+        (the acceptance rule needs ``q``); greedy drafters return no distributions. Under ``grammar``: only tokens
+        it allows, each advancing its state."""
         ...
 
     def update(self, drafted: int, accepted: int) -> None:
@@ -174,9 +195,15 @@ class SmallModelDrafter:
     min_confidence: float = DEFAULT_DRAFT_CONFIDENCE
 
     def propose(
-        self, ids: list[int], sampler: Sampler, budget: int, eos_ids: frozenset[int]
+        self,
+        ids: list[int],
+        sampler: Sampler,
+        budget: int,
+        eos_ids: frozenset[int],
+        grammar: GrammarState | None = None,
     ) -> tuple[list[int], list[torch.Tensor]]:
-        return draft(self.runner, ids, sampler, min(self.length.current, budget), eos_ids, self.min_confidence)
+        length = min(self.length.current, budget)
+        return draft(self.runner, ids, sampler, length, eos_ids, self.min_confidence, grammar)
 
     def update(self, drafted: int, accepted: int) -> None:
         self.length.update(drafted, accepted)
@@ -190,14 +217,19 @@ def speculative_step(
     budget: int,
     eos_ids: frozenset[int],
     stats: SpeculationStats,
+    grammar: GrammarState | None = None,
 ) -> tuple[list[int], torch.Tensor]:
     """One draft-and-check round for the large model: 1 to ``draft + 1`` tokens (at most ``budget``), each one the
     large model's own choice, and the large model's logits rows (row ``i`` is the distribution token ``i`` was
-    chosen from; extra rows follow). Caches may hold tokens past what the caller keeps; it crops them
-    (``ModelRunner.sync_to``) once it has decided how many tokens it keeps."""
-    draft_tokens, draft_probs = drafter.propose(ids, sampler, budget - 1, eos_ids)
+    chosen from, before any grammar mask; extra rows follow). Caches - and ``grammar``'s state - may hold tokens
+    past what the caller keeps; it crops them (``ModelRunner.sync_to``, ``GrammarState.follow``) once it has decided
+    how many tokens it keeps."""
+    draft_tokens, draft_probs = drafter.propose(ids, sampler, budget - 1, eos_ids, grammar)
     target_logits = large.check_draft(ids, draft_tokens)
-    committed, accepted = accept(draft_tokens, target_logits, draft_probs, sampler, ids)
+    checked = target_logits
+    if grammar is not None:  # row i under the state after draft_tokens[:i] (each computed while drafting)
+        checked = grammar.masked_rows(target_logits, len(ids) - grammar.prompt_len)
+    committed, accepted = accept(draft_tokens, checked, draft_probs, sampler, ids)
     stats.rounds += 1
     stats.drafted += len(draft_tokens)
     stats.accepted += accepted

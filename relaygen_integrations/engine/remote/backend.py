@@ -319,6 +319,7 @@ class RemoteBackend:
 
     kind = "remote"
     serialized = False
+    grammars = False  # the relay reads sampled tokens; masking needs the logits in this process
 
     def __init__(
         self,
@@ -384,6 +385,11 @@ class RemoteBackend:
             raise BackendCapabilityError(
                 self.kind, "report log probabilities (logprobs)", "the relay reads sampled tokens from the servers, "
                 "not their distributions; load the models locally for logprobs", "logprobs",
+            )  # fmt: skip
+        if plan.settings.grammar is not None:
+            raise BackendCapabilityError(
+                self.kind, "constrain tokens by a grammar", "a mask applies to the logits, and the servers hand out "
+                "sampled tokens; load the models locally, or send the chat with constrain=False", "grammar",
             )  # fmt: skip
         if plan.verify is not None and plan.mode == "relay":
             large = self.endpoints["large"]

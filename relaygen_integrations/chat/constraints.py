@@ -1,0 +1,107 @@
+"""The grammar a chat turn generates under: tool calls that match the bound tools, JSON that matches a schema.
+
+With tools bound and ``tool_choice="auto"`` the text is free until the model opens a call (the Hermes tag Qwen's chat
+templates teach, ``<tool_call>``); from there to the closing tag the JSON must be one bound tool's name and
+arguments; more calls may follow (parallel calls, as the template renders them), then only the end. ``"required"``
+(``"any"``, ``True``) forces calls from the first token; a named tool forces one call of that tool. A JSON
+``response_format`` makes the answer one JSON object (under its schema). A thinking pair writes its reasoning first:
+the grammar lets it through, free, up to the reasoning end.
+
+The grammars are Lark in llguidance's dialect (``engine/constraints/grammar.py`` applies them): a special token is
+``<[id]>``; a tag that is plain text is matched lazily (the free text ends at its first occurrence). JSON is compact
+and spaced as ``json.dumps`` writes it (``", "``, ``": "``) - the chat template renders calls that way - and a call's
+object has exactly the keys ``name`` and ``arguments``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..engine.constraints.grammar import GrammarTokenizer
+from .tool_calls import CLOSE_TAG, OPEN_TAG, forces_nothing, tool_names
+
+# How JSON is written under a grammar: no free whitespace (a small model would otherwise pad with it), separators as
+# json.dumps and the chat template write them.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _json(schema: Mapping[str, Any]) -> str:
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_STYLE}, ensure_ascii=False)
+
+
+def _literal(text: str, tokenizer: GrammarTokenizer) -> str:
+    """A grammar item for ``text``: its special token where it is one, else the string."""
+    token = tokenizer.is_special(text)
+    return f"<[{token}]>" if token is not None else json.dumps(text)
+
+
+def call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """One call of ``tool``: exactly ``{"name": <its name>, "arguments": <its parameters>}``; arguments an object
+    with no keys beyond its declared ones unless its schema says otherwise."""
+    function = tool["function"]
+    arguments = dict(function.get("parameters") or {"type": "object", "properties": {}})
+    arguments.setdefault("type", "object")
+    arguments.setdefault("additionalProperties", False)
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, "arguments": arguments},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def forced_tool(tool_choice: Any) -> str | None:
+    """The tool a choice names (``"add"`` or ``{"type": "function", "function": {"name": "add"}}``), else None."""
+    if isinstance(tool_choice, Mapping):
+        function = tool_choice.get("function")
+        return (function.get("name") if isinstance(function, Mapping) else None) or tool_choice.get("name")
+    if isinstance(tool_choice, str) and tool_choice not in ("any", "required", "auto", "none"):
+        return tool_choice
+    return None
+
+
+def tool_call_grammar(
+    tools: Sequence[Mapping[str, Any]], tool_choice: Any, tokenizer: GrammarTokenizer
+) -> tuple[str, str]:
+    """The rules of a turn with ``tools`` under ``tool_choice`` (checked already): Lark rules and the name of the
+    rule that is the turn."""
+    named = forced_tool(tool_choice)
+    chosen = [tool for tool in tools if tool["function"]["name"] == named] if named else list(tools)
+    schemas = [call_schema(tool) for tool in chosen]
+    body = _json(schemas[0] if len(schemas) == 1 else {"anyOf": schemas})
+    open_tag, close_tag = _literal(OPEN_TAG, tokenizer), _literal(CLOSE_TAG, tokenizer)
+    rules = [f"call_body: {body}", f'call_rest: "\\n" call_body "\\n" {close_tag}']
+    # A call the next one may follow (parallel calls, on lines of their own as the template renders them).
+    rules.append(f'more_calls: ("\\n" {open_tag} call_rest)*')
+    if named:
+        rules.append(f"turn: {open_tag} call_rest")
+    elif not forces_nothing(tool_choice):
+        rules.append(f"turn: {open_tag} call_rest more_calls")
+    elif open_tag.startswith("<["):
+        # Free text cannot hold a special token: it ends where the model writes the opening tag.
+        rules += ["TEXT: /(.|\\n)*/", f"turn: TEXT ({open_tag} call_rest more_calls)?"]
+    else:
+        # A plain-text tag: the free text is lazy, so it ends at the tag's first occurrence.
+        rules += ["TEXT: /(.|\\n)*/", f"opening[lazy]: TEXT {open_tag}", "turn: opening call_rest more_calls | TEXT"]
+    return "\n".join(rules), "turn"
+
+
+def response_grammar(response_format: Mapping[str, Any], schema: Mapping[str, Any] | None) -> tuple[str, str]:
+    """The rules of a JSON answer: one object under ``schema`` (``json_schema``), or any object (``json_object``)."""
+    return f"turn: {_json(schema or {'type': 'object'})}", "turn"
+
+
+def turn_grammar(rules: str, turn: str, reasoning_end: str | None, tokenizer: GrammarTokenizer) -> str:
+    """The whole completion's grammar: the turn, after a free reasoning up to ``reasoning_end`` where the turn
+    starts in one (a thinking pair whose prompt left ``<think>`` open; None: no reasoning first)."""
+    if reasoning_end is None:
+        return f"%llguidance {{}}\nstart: {turn}\n{rules}\n"
+    marker = _literal(reasoning_end, tokenizer)
+    if marker.startswith("<["):
+        reasoning = f"REASONING: /(.|\\n)*/\nreasoning: REASONING {marker}"
+    else:
+        reasoning = f"REASONING: /(.|\\n)*/\nreasoning[lazy]: REASONING {marker}"
+    # The template's blank line after the reasoning end, as the model writes it.
+    return f'%llguidance {{}}\nstart: reasoning GAP {turn}\nGAP: /[ \\n]*/\n{reasoning}\n{rules}\n'
