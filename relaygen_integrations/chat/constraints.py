@@ -2,7 +2,8 @@
 
 With tools bound and ``tool_choice="auto"`` the text is free until the model opens a call (the Hermes tag Qwen's chat
 templates teach, ``<tool_call>``); from there to the closing tag the JSON must be one bound tool's name and
-arguments; more calls may follow (parallel calls, as the template renders them), then only the end. ``"required"``
+arguments; more calls may follow when the request allows parallel calls (as the template renders them), then only
+the end. ``"required"``
 (``"any"``, ``True``) forces calls from the first token; a named tool forces one call of that tool. A JSON
 ``response_format`` makes the answer one JSON object (under its schema). A thinking pair writes its reasoning first:
 the grammar lets it through, free, up to the reasoning end.
@@ -20,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..engine.constraints.grammar import GrammarTokenizer
-from .tool_calls import CLOSE_TAG, OPEN_TAG, forces_nothing, tool_names
+from .tool_calls import CLOSE_TAG, OPEN_TAG, forces_nothing
 
 # How JSON is written under a grammar: no free whitespace (a small model would otherwise pad with it), separators as
 # json.dumps and the chat template write them.
@@ -63,10 +64,11 @@ def forced_tool(tool_choice: Any) -> str | None:
 
 
 def tool_call_grammar(
-    tools: Sequence[Mapping[str, Any]], tool_choice: Any, tokenizer: GrammarTokenizer
+    tools: Sequence[Mapping[str, Any]], tool_choice: Any, tokenizer: GrammarTokenizer, parallel: bool = False
 ) -> tuple[str, str]:
     """The rules of a turn with ``tools`` under ``tool_choice`` (checked already): Lark rules and the name of the
-    rule that is the turn."""
+    rule that is the turn. ``parallel``: more calls may follow the first (else the turn ends after one: given the
+    choice, the 1.5B demo model writes the same call again and again, ``benchmarks/data/agent-loops``)."""
     named = forced_tool(tool_choice)
     chosen = [tool for tool in tools if tool["function"]["name"] == named] if named else list(tools)
     schemas = [call_schema(tool) for tool in chosen]
@@ -74,17 +76,19 @@ def tool_call_grammar(
     open_tag, close_tag = _literal(OPEN_TAG, tokenizer), _literal(CLOSE_TAG, tokenizer)
     rules = [f"call_body: {body}", f'call_rest: "\\n" call_body "\\n" {close_tag}']
     # A call the next one may follow (parallel calls, on lines of their own as the template renders them).
-    rules.append(f'more_calls: ("\\n" {open_tag} call_rest)*')
+    more = " more_calls" if parallel else ""
+    if parallel:
+        rules.append(f'more_calls: ("\\n" {open_tag} call_rest)*')
     if named:
         rules.append(f"turn: {open_tag} call_rest")
     elif not forces_nothing(tool_choice):
-        rules.append(f"turn: {open_tag} call_rest more_calls")
+        rules.append(f"turn: {open_tag} call_rest{more}")
     elif open_tag.startswith("<["):
         # Free text cannot hold a special token: it ends where the model writes the opening tag.
-        rules += ["TEXT: /(.|\\n)*/", f"turn: TEXT ({open_tag} call_rest more_calls)?"]
+        rules += ["TEXT: /(.|\\n)*/", f"turn: TEXT ({open_tag} call_rest{more})?"]
     else:
         # A plain-text tag: the free text is lazy, so it ends at the tag's first occurrence.
-        rules += ["TEXT: /(.|\\n)*/", f"opening[lazy]: TEXT {open_tag}", "turn: opening call_rest more_calls | TEXT"]
+        rules += ["TEXT: /(.|\\n)*/", f"opening[lazy]: TEXT {open_tag}", f"turn: opening call_rest{more} | TEXT"]
     return "\n".join(rules), "turn"
 
 
@@ -104,4 +108,4 @@ def turn_grammar(rules: str, turn: str, reasoning_end: str | None, tokenizer: Gr
     else:
         reasoning = f"REASONING: /(.|\\n)*/\nreasoning[lazy]: REASONING {marker}"
     # The template's blank line after the reasoning end, as the model writes it.
-    return f'%llguidance {{}}\nstart: reasoning GAP {turn}\nGAP: /[ \\n]*/\n{reasoning}\n{rules}\n'
+    return f"%llguidance {{}}\nstart: reasoning GAP {turn}\nGAP: /[ \\n]*/\n{reasoning}\n{rules}\n"

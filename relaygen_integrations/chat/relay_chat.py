@@ -19,12 +19,14 @@ from ..engine.core.settings import SettingsError, shown
 from .constraints import response_grammar, tool_call_grammar, turn_grammar
 from .reasoning import ReasoningFormat, ReasoningSplitter, starts_in_reasoning
 from .tool_calls import (
+    OPEN_TAG,
     InvalidToolCall,
     ParsedOutput,
     ToolCall,
     ToolCallStreamParser,
     check_tool_choice,
     forced_prefix,
+    forces_nothing,
     tool_names,
     validate_tools,
 )
@@ -67,6 +69,7 @@ class ChatRequest:
     raw_markup: bool = False  # control-token strings in the messages become tokens (the caller passes chat markup)
     tool_choice: Any = None  # checked; forced choices are enforced by the prefill, or by the grammar when constrained
     response_format: Mapping[str, Any] | None = None  # checked
+    parallel_tool_calls: bool = False  # under a grammar: more calls may follow the first
     constrained: bool = False  # runs under a grammar (set by ``_as_run`` for an engine whose backend masks tokens)
 
 
@@ -123,13 +126,15 @@ def prepare_chat(
     chat_template_kwargs: Mapping[str, Any] | None = None,
     response_format: Mapping[str, Any] | None = None,
     raw_markup: bool = False,
+    parallel_tool_calls: bool = False,
 ) -> ChatRequest:
     """Validates the request and derives the prefill; ``tool_choice="none"`` hides the tools from the model, and a
     forced tool choice with no tools bound is a ``ToolSchemaError`` (never silently free text). ``settings``: the
     call's generation settings, merged once by the caller (``merge_settings``).
 
     ``response_format`` (OpenAI style: ``{"type": "json_object"}`` or ``{"type": "json_schema", "schema": ...}``)
-    adds a JSON instruction to the system message and prefills ``{`` so the answer starts as JSON.
+    adds a JSON instruction to the system message and, unconstrained, prefills ``{`` so the answer starts as JSON.
+    ``parallel_tool_calls``: under a grammar, more calls may follow the first (default: one call a turn).
     """
     chat = validate_messages(messages)
     checked = validate_tools(tools) if tools is not None else None
@@ -145,9 +150,14 @@ def prepare_chat(
         else:
             chat.insert(0, {"role": "system", "content": instruction})
         prefix = prefix or "{"
+    if not isinstance(parallel_tool_calls, bool):
+        raise SettingsError(
+            f"parallel_tool_calls must be true or false, got {shown(parallel_tool_calls)}", "parallel_tool_calls"
+        )
     return ChatRequest(
-        chat, checked or None, prefix, chat_template_kwargs, settings, raw_markup, tool_choice, response_format
-    )
+        chat, checked or None, prefix, chat_template_kwargs, settings, raw_markup, tool_choice, response_format,
+        parallel_tool_calls,
+    )  # fmt: skip
 
 
 def _as_run(engine: RelayEngine, request: ChatRequest) -> ChatRequest:
@@ -155,7 +165,10 @@ def _as_run(engine: RelayEngine, request: ChatRequest) -> ChatRequest:
     response format, ``constrain`` is on, no grammar of its own was given and the backend can mask tokens; then the
     grammar enforces what the prefill would have (a forced call, the opening brace), so there is no prefill."""
     settings = request.settings
-    json_format = bool(request.response_format) and request.response_format.get("type") in ("json_object", "json_schema")  # type: ignore[union-attr]
+    json_format = bool(request.response_format) and request.response_format.get("type") in (
+        "json_object",
+        "json_schema",
+    )  # type: ignore[union-attr]
     wanted = bool(request.tools) or json_format
     if request.constrained or not wanted or not settings.constrain or settings.grammar is not None:
         return request
@@ -164,20 +177,27 @@ def _as_run(engine: RelayEngine, request: ChatRequest) -> ChatRequest:
     return dataclasses.replace(request, prefix=None, constrained=True)
 
 
-def _run_settings(engine: RelayEngine, request: ChatRequest, prompt_ids: Sequence[int]) -> GenerationSettings:
-    """The settings the engine runs: the request's, with its grammar when it is constrained."""
+def _run_plan(engine: RelayEngine, request: ChatRequest) -> GenerationPlan:
+    """``request`` (as :func:`_as_run` left it) rendered, tokenized and planned; under its grammar when constrained,
+    and with tools offered (``"auto"``), deciding between a call and text at its first token (``opening.py``)."""
+    prompt_ids = _prompt_ids(engine, request)
     if not request.constrained:
-        return request.settings
+        return engine.plan(prompt_ids, request.settings)
     tokenizer = engine.backend.grammar_tokenizer  # type: ignore[attr-defined]
     if request.tools:
-        rules, turn = tool_call_grammar(request.tools, request.tool_choice, tokenizer)
+        rules, turn = tool_call_grammar(request.tools, request.tool_choice, tokenizer, request.parallel_tool_calls)
     else:
         rules, turn = response_grammar(request.response_format or {}, response_schema(request.response_format))
     end = engine.policy_config.reasoning_end
     # A thinking pair's reasoning comes first where the prompt leaves a reasoning block open (as the splitter says).
-    opened = end is not None and starts_in_reasoning(engine.tokenizer.decode(list(prompt_ids[-32:])), end)
+    opened = end is not None and bool(starts_in_reasoning(engine.tokenizer.decode(list(prompt_ids[-32:])), end))
     grammar = turn_grammar(rules, turn, end if opened else None, tokenizer)
-    return request.settings.model_copy(update={"grammar": grammar})
+    plan = engine.plan(prompt_ids, request.settings.model_copy(update={"grammar": grammar}))
+    # The decision is the turn's first token; after a reasoning the grammar alone decides (the tag or text).
+    tag = (
+        tokenizer.is_special(OPEN_TAG) if request.tools and forces_nothing(request.tool_choice) and not opened else None
+    )
+    return dataclasses.replace(plan, call_tag=tag) if tag is not None else plan
 
 
 class ChatStreamAssembler:
@@ -200,7 +220,7 @@ class ChatStreamAssembler:
 
     def _take_prefill(self, model: ModelRole | None) -> list[ChatDelta]:
         pieces, self._prefill = self._prefill, []
-        return [self._piece(p, model, 0) for p in pieces]
+        return self._pieces(pieces, model, 0)
 
     def on_event(self, event: StreamEvent) -> list[ChatDelta]:
         from ..engine.core.spans import FinalEvent, SwitchEvent, TextEvent
@@ -220,7 +240,7 @@ class ChatStreamAssembler:
             tail = [
                 *self._take_prefill(model),
                 *self._split("", model, index, final=True),
-                *(self._piece(p, model, index) for p in self.parser.finish()),
+                *self._pieces(self.parser.finish(), model, index),
             ]
             if self.reasoning is not None:
                 self.parsed.reasoning_tokens = self.reasoning.tokens_before_answer(event.result.token_ends)
@@ -230,14 +250,14 @@ class ChatStreamAssembler:
     def _split(self, text: str, model: ModelRole, index: int, final: bool = False) -> list[ChatDelta]:
         """Reasoning pieces as they are; the answer through the tool-call parser."""
         if self.reasoning is None:
-            return [self._piece(p, model, index) for p in self.parser.feed(text)]
+            return self._pieces(self.parser.feed(text), model, index)
         deltas = []
         for kind, piece in self.reasoning.finish() if final else self.reasoning.feed(text):
             if kind == "reasoning":
                 self.parsed.reasoning = (self.parsed.reasoning or "") + piece
                 deltas.append(ChatDelta(reasoning=piece, model=model, span_index=index))
             else:
-                deltas += [self._piece(p, model, index) for p in self.parser.feed(piece)]
+                deltas += self._pieces(self.parser.feed(piece), model, index)
         return deltas
 
     def _collect(self, piece: str | ToolCall | InvalidToolCall) -> None:
@@ -247,6 +267,20 @@ class ChatStreamAssembler:
             self.parsed.tool_calls.append(piece)
         else:
             self.parsed.invalid_tool_calls.append(piece)
+
+    def _pieces(
+        self, pieces: Iterable[str | ToolCall | InvalidToolCall], model: ModelRole | None, index: int
+    ) -> list[ChatDelta]:
+        """Deltas for parsed pieces. A call identical to one earlier in the turn (same tool, same arguments: it can
+        only give the same result) is dropped - a small model allowed several calls writes one call again."""
+        deltas = []
+        for piece in pieces:
+            if isinstance(piece, ToolCall) and any(
+                (c.name, c.arguments) == (piece.name, piece.arguments) for c in self.parsed.tool_calls
+            ):
+                continue
+            deltas.append(self._piece(piece, model, index))
+        return deltas
 
     def _piece(self, piece: str | ToolCall | InvalidToolCall, model: ModelRole | None, index: int) -> ChatDelta:
         self._collect(piece)
@@ -301,19 +335,16 @@ def _prompt_ids(engine: RelayEngine, request: ChatRequest) -> list[int]:
 
 def stream_chat(engine: RelayEngine, request: ChatRequest, cancel: Any = None) -> Iterator[ChatDelta]:
     request = _as_run(engine, request)
-    prompt_ids = _prompt_ids(engine, request)
-    settings = _run_settings(engine, request, prompt_ids)
-    assembler = _assembler(engine, request, prompt_ids)
-    for event in engine.stream_ids(prompt_ids, cancel, settings):
+    plan = _run_plan(engine, request)
+    assembler = _assembler(engine, request, plan.prompt_ids)
+    for event in engine.run_plan(plan, cancel):
         yield from assembler.on_event(event)
 
 
 def plan_chat(engine: RelayEngine, request: ChatRequest) -> GenerationPlan:
     """The request rendered, tokenized and planned (its length checked, its grammar compiled): the CPU work before
     any model work."""
-    request = _as_run(engine, request)
-    prompt_ids = _prompt_ids(engine, request)
-    return engine.plan(prompt_ids, _run_settings(engine, request, prompt_ids))
+    return _run_plan(engine, _as_run(engine, request))
 
 
 async def astream_chat(

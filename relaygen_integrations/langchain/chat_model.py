@@ -175,14 +175,16 @@ class RelayChatModel(RelayModelFields, BaseChatModel):
         template_kwargs = kwargs.pop("chat_template_kwargs", self.chat_template_kwargs)
         response_format = kwargs.pop("response_format", None)
         raw_markup = kwargs.pop("raw_markup", self.raw_markup)
+        parallel = kwargs.pop("parallel_tool_calls", False)  # bind_tools(..., parallel_tool_calls=True), as ChatOpenAI
         kwargs.pop("ls_structured_output_format", None)
         kwargs.pop(_RUN_KWARG, None)
         # LangChain adds a call's stop sequences to the model's own; a string is one stop sequence.
         stops = [*(self.stop or []), *_stop_list(stop), *_stop_list(kwargs.pop("stop", None))]
         settings = merge_settings(self.settings_layer(), kwargs, {"stop": stops})
         return prepare_chat(
-            convert_messages(messages), settings, tools, tool_choice, template_kwargs, response_format, raw_markup
-        )
+            convert_messages(messages), settings, tools, tool_choice, template_kwargs, response_format, raw_markup,
+            parallel,
+        )  # fmt: skip
 
     # -- LangChain entry points ---------------------------------------------------------------------------------
     def stream(

@@ -136,6 +136,7 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
             tool_choice=kwargs.get("tool_choice"),
             chat_template_kwargs=kwargs.get("chat_template_kwargs"),
             raw_markup=kwargs.get("raw_markup", self.raw_markup),
+            parallel_tool_calls=bool(kwargs.get("parallel_tool_calls", False)),
         )
 
     def _completion_plan(
@@ -277,6 +278,7 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
         return {
             "messages": messages,
             "tools": tool_dicts(tools),
+            "parallel_tool_calls": allow_parallel_tool_calls,
             **({"tool_choice": tool_choice} if tool_choice is not None else {}),
             **kwargs,
         }

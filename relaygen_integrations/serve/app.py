@@ -96,6 +96,7 @@ class ChatCompletionRequest(RequestSettings):  # type: ignore[misc,valid-type]
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool = False  # one call an answer unless asked (small models repeat a call given the room)
     chat_template_kwargs: dict[str, Any] | None = None
 
 
@@ -165,7 +166,6 @@ _NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
     "web_search_options": ((None,), "this server has no web search"),
     "functions": ((None,), "the deprecated functions API is not supported: send tools"),
     "function_call": ((None,), "the deprecated functions API is not supported: send tool_choice"),
-    "parallel_tool_calls": ((None, True), "the model may write several tool calls in one answer"),
     "store": ((None, False), "this server stores nothing"),
     "reasoning_effort": ((None,), "the pair's reasoning length is not configurable; use max_tokens"),
     "verbosity": ((None,), "not configurable on this model pair"),
@@ -202,6 +202,7 @@ def parse_request(
         tool_choice=body.tool_choice,
         chat_template_kwargs=body.chat_template_kwargs,
         response_format=body.response_format,
+        parallel_tool_calls=body.parallel_tool_calls,
     )
     return body, request, plan_chat(engine, request)
 

@@ -37,6 +37,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..core.settings import GenerationError
+from .opening import CALL_OPENINGS, MARKUP_OPENINGS, CallOpening, starting_with
 
 # Packed masks kept for the most recent positions: a draft (<= 64 tokens) or a verified run (a sentence) reads masks
 # that far back; older ones are recomputed on demand (rollback, mask, replay). 256 x 4.7k words = 4.9 MB at most.
@@ -58,6 +59,7 @@ class GrammarTokenizer:
         self.eos_ids = sorted(eos_ids)
         self._tokenizer = tokenizer
         self._built: llguidance.LLTokenizer | None = None
+        self._openers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def built(self) -> llguidance.LLTokenizer:
@@ -71,16 +73,24 @@ class GrammarTokenizer:
         ids = self._tokenizer.encode(text, add_special_tokens=False)
         return ids[0] if len(ids) == 1 and self.built.is_special_token(ids[0]) else None
 
+    def call_opening(self, tag: int) -> CallOpening:
+        """The first-position decision between a call (opened by ``tag``) and text (``opening.py``)."""
+        if self._openers is None:
+            pieces = [self.built.decode_bytes([i]) for i in range(self.width)]
+            self._openers = (starting_with(pieces, CALL_OPENINGS), starting_with(pieces, MARKUP_OPENINGS))
+        return CallOpening(tag, *self._openers)
+
     def check(self, grammar: str, field: str = "grammar") -> None:
         """Raises :class:`GrammarError` naming ``field`` if ``grammar`` does not compile for this tokenizer."""
         error = _validate(grammar, self)
         if error:
             raise GrammarError(f"the grammar does not compile: {error}", field)
 
-    def state(self, grammar: str, prompt_len: int) -> GrammarState:
-        """A fresh state of ``grammar`` for a request whose prompt has ``prompt_len`` tokens."""
+    def state(self, grammar: str, prompt_len: int, opening: CallOpening | None = None) -> GrammarState:
+        """A fresh state of ``grammar`` for a request whose prompt has ``prompt_len`` tokens (``opening``: the turn
+        decides between a call and text at its first position)."""
         self.check(grammar)
-        return GrammarState(_compiled(grammar, self).deep_copy(), prompt_len, self.width)
+        return GrammarState(_compiled(grammar, self).deep_copy(), prompt_len, self.width, opening)
 
 
 # The same grammar (a bound tool set, a response schema) comes back request after request: it is checked and
@@ -98,8 +108,11 @@ def _compiled(grammar: str, tokenizer: GrammarTokenizer) -> llguidance.LLMatcher
 class GrammarState:
     """The matcher of one generation, the completion ids it has consumed and the masks of recent positions."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, prompt_len: int, width: int) -> None:
+    def __init__(
+        self, matcher: llguidance.LLMatcher, prompt_len: int, width: int, opening: CallOpening | None = None
+    ) -> None:
         self.matcher = matcher
+        self.opening = opening
         self.prompt_len = prompt_len
         self.width = width
         self.consumed: list[int] = []  # completion tokens the matcher has consumed, in order
@@ -172,7 +185,11 @@ class GrammarState:
 
     def masked(self, logits: torch.Tensor, position: int | None = None) -> torch.Tensor:
         """``logits`` (1-D) with ``-inf`` where the grammar forbids the token at ``position``."""
-        allowed = _fit(self.allowed(position), logits.shape[-1]).to(logits.device)
+        position = self.position if position is None else position
+        allowed = self.allowed(position)
+        if position == 0 and self.opening is not None:
+            allowed = self.opening.decide(logits, allowed)
+        allowed = _fit(allowed, logits.shape[-1]).to(logits.device)
         return logits.masked_fill(~allowed, float("-inf"))
 
     def masked_rows(self, rows: torch.Tensor, start: int) -> torch.Tensor:
@@ -182,9 +199,9 @@ class GrammarState:
         count = max(0, min(rows.shape[0], self.position - start + 1))
         if not count:
             return rows
-        allowed = torch.stack([_fit(self.allowed(start + i), rows.shape[-1]) for i in range(count)])
         masked = rows.clone()
-        masked[:count] = rows[:count].masked_fill(~allowed.to(rows.device), float("-inf"))
+        for i in range(count):
+            masked[i] = self.masked(rows[i], start + i)
         return masked
 
 

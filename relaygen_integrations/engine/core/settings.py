@@ -230,6 +230,10 @@ class GenerationPlan:
     speculative: int = 0  # maximum draft length of self-speculative decoding; 0 = off
     verify: VerifyRule | None = None  # the request's rule, or the engine's default; None = off
     mode: Mode = "relay"  # the request's, or the engine's default when the request names none
+    # A chat turn with tools offered (``tool_choice="auto"``) under its grammar: the first position decides between
+    # a call and text by the model's mass on opening a call (``constraints/opening.py``); the tag's id. None: no
+    # such decision.
+    call_tag: int | None = None
 
     @property
     def sampling(self) -> SamplingParams:

@@ -102,7 +102,11 @@ class LocalBackend:
             speculation=speculation,
             step_lock=step_lock,
             grammar=(
-                self.grammar_tokenizer.state(plan.settings.grammar, len(plan.prompt_ids))
+                self.grammar_tokenizer.state(
+                    plan.settings.grammar,
+                    len(plan.prompt_ids),
+                    self.grammar_tokenizer.call_opening(plan.call_tag) if plan.call_tag is not None else None,
+                )
                 if plan.settings.grammar is not None
                 else None
             ),

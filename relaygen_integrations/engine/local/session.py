@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..constraints.grammar import GrammarState
 from ..core.settings import MAX_DRAFT_LIMIT
 from ..core.spans import ModelRole
 from ..core.transcript import BackendUsage, Fed, Transcript
-from ..constraints.grammar import GrammarState
 from .runner import ModelRunner
 from .sampling import Sampler, token_logprobs
 from .speculative import Drafter, SpeculationStats, speculative_step
