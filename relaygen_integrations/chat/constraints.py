@@ -24,12 +24,27 @@ from ..engine.constraints.grammar import GrammarTokenizer
 from .tool_calls import CLOSE_TAG, OPEN_TAG, forces_nothing
 
 # How JSON is written under a grammar: no free whitespace (a small model would otherwise pad with it), separators as
-# json.dumps and the chat template write them.
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# json.dumps and the chat template write them. Lenient: a keyword llguidance does not implement (pydantic writes
+# ``propertyNames`` for a dict with Literal keys) is left unchecked rather than refusing the schema.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
 
 
 def _json(schema: Mapping[str, Any]) -> str:
-    return "%json " + json.dumps({**schema, "x-guidance": JSON_STYLE}, ensure_ascii=False)
+    return "%json " + json.dumps({**closed(schema), "x-guidance": JSON_STYLE}, ensure_ascii=False)
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with every object that declares its properties closed to others (``additionalProperties: false``
+    where it says nothing, as OpenAI's strict mode and xgrammar's do): JSON Schema leaves objects open, and under an
+    open schema a small model goes on writing keys of its own invention."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    result = {key: closed(value) for key, value in schema.items()}
+    if "properties" in result and "additionalProperties" not in result:
+        result["additionalProperties"] = False
+    return result
 
 
 def _literal(text: str, tokenizer: GrammarTokenizer) -> str:
@@ -40,17 +55,21 @@ def _literal(text: str, tokenizer: GrammarTokenizer) -> str:
 
 def call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
     """One call of ``tool``: exactly ``{"name": <its name>, "arguments": <its parameters>}``; arguments an object
-    with no keys beyond its declared ones unless its schema says otherwise."""
+    with no keys beyond its declared ones unless its schema says otherwise (:func:`closed`)."""
     function = tool["function"]
     arguments = dict(function.get("parameters") or {"type": "object", "properties": {}})
     arguments.setdefault("type", "object")
-    arguments.setdefault("additionalProperties", False)
-    return {
+    arguments.setdefault("properties", {})
+    # References ("#/$defs/...", pydantic's nested models) resolve from the document's root: the definitions move
+    # up to the call's object, which becomes the root.
+    defs = arguments.pop("$defs", None)
+    call = {
         "type": "object",
         "properties": {"name": {"const": function["name"]}, "arguments": arguments},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
+    return {**call, "$defs": defs} if defs else call
 
 
 def forced_tool(tool_choice: Any) -> str | None:
@@ -72,7 +91,11 @@ def tool_call_grammar(
     named = forced_tool(tool_choice)
     chosen = [tool for tool in tools if tool["function"]["name"] == named] if named else list(tools)
     schemas = [call_schema(tool) for tool in chosen]
-    body = _json(schemas[0] if len(schemas) == 1 else {"anyOf": schemas})
+    if len(schemas) == 1:
+        body = _json(schemas[0])
+    else:  # the tools' definitions at the root of the one document (a name two tools define alike is one entry)
+        defs = {name: spec for schema in schemas for name, spec in schema.pop("$defs", {}).items()}
+        body = _json({"anyOf": schemas, **({"$defs": defs} if defs else {})})
     open_tag, close_tag = _literal(OPEN_TAG, tokenizer), _literal(CLOSE_TAG, tokenizer)
     rules = [f"call_body: {body}", f'call_rest: "\\n" call_body "\\n" {close_tag}']
     # A call the next one may follow (parallel calls, on lines of their own as the template renders them).

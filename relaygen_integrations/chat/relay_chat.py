@@ -108,6 +108,24 @@ def response_schema(response_format: Mapping[str, Any] | None) -> Mapping[str, A
     return schema
 
 
+# Added to the system message of a chat whose history holds a tool's result. Measured on the demo pair (the ten tasks
+# of benchmarks/agent_loops.py, the turn after the result, greedy): without it the 1.5B model answered with the
+# result 2 times in 10 ("I apologize, but I cannot generate a response based on the provided XML structure"), with it
+# 10 in 10 ("It's 18 degrees Celsius and cloudy in Paris.").
+TOOL_RESULT_INSTRUCTION = (
+    "You can call tools. When a tool's result comes back inside <tool_response></tool_response>, answer the user's "
+    "question with that result in one short sentence."
+)
+
+
+def add_system_text(chat: list[dict[str, Any]], text: str) -> None:
+    """Appends ``text`` to the chat's system message (one is added first where there is none)."""
+    if chat and chat[0].get("role") == "system":
+        chat[0]["content"] = f"{chat[0].get('content') or ''}\n\n{text}".strip()
+    else:
+        chat.insert(0, {"role": "system", "content": text})
+
+
 def json_instruction(response_format: Mapping[str, Any]) -> str:
     """System-prompt text asking for a bare JSON object (optionally matching a schema)."""
     schema = response_schema(response_format)
@@ -143,12 +161,10 @@ def prepare_chat(
     if tool_choice == "none":
         checked = None
     prefix = forced_prefix(tool_choice, checked) if checked else None
+    if checked and any(message.get("role") == "tool" for message in chat):
+        add_system_text(chat, TOOL_RESULT_INSTRUCTION)
     if response_format and response_format.get("type") in ("json_object", "json_schema"):
-        instruction = json_instruction(response_format)
-        if chat and chat[0].get("role") == "system":
-            chat[0]["content"] = f"{chat[0].get('content') or ''}\n\n{instruction}".strip()
-        else:
-            chat.insert(0, {"role": "system", "content": instruction})
+        add_system_text(chat, json_instruction(response_format))
         prefix = prefix or "{"
     if not isinstance(parallel_tool_calls, bool):
         raise SettingsError(
