@@ -6,6 +6,7 @@ A task passes when the agent makes one tool call, the right tool with the right 
 template markup echoed as the answer).
 
     python benchmarks/agent_loops.py --out benchmarks/data/agent-loops [--resume] [--frameworks langgraph,llamaindex]
+    python benchmarks/agent_loops.py --out benchmarks/data/agent-loops-no-instruction --without-result-instruction
 
 Writes ``results.jsonl`` (one line per framework x constrain x task, appended as each finishes: ``--resume`` skips
 those done) and ``summary.json`` (passes per framework and setting, seconds, the machine). ``tests/test_agent_loops.py``
@@ -174,7 +175,15 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--frameworks", default="langgraph,llamaindex")
     parser.add_argument("--constrain", default="true,false", help="which settings to run: true,false")
+    parser.add_argument(
+        "--without-result-instruction", action="store_true",
+        help="ablation: no instruction to answer with a tool's result (chat/relay_chat.TOOL_RESULT_INSTRUCTION)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.without_result_instruction:
+        import relaygen_integrations.chat.relay_chat as relay_chat
+
+        relay_chat.TOOL_RESULT_INSTRUCTION = ""
 
     from relaygen_integrations import RelayEngine
     from relaygen_integrations.engine.local.cpu import cpu_model_and_flags
@@ -204,6 +213,7 @@ def main() -> None:
     summary: dict[str, Any] = {
         "machine": {"cpu": cpu, "cpu_flags": list(flags), "python": platform.python_version()},
         "engine": {"mode": engine.mode, "speculative": engine.speculative, "pair": engine.pair_name},
+        "result_instruction": not args.without_result_instruction,
     }
     for row in rows:
         key = f"{row['framework']}/{'constrained' if row['constrain'] else 'unconstrained'}"

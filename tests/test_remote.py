@@ -307,7 +307,22 @@ def test_speculative_and_reprefill_are_refused_before_any_request(remote):
     with pytest.raises(GenerationError, match="cannot report log probabilities") as refused:
         remote.generate(MESSAGES, logprobs=True)
     assert refused.value.field == "logprobs"
+    with pytest.raises(GenerationError, match="cannot constrain tokens by a grammar") as refused:
+        remote.generate(MESSAGES, grammar='start: "yes"')
+    assert refused.value.field == "grammar"
     # Verified relay over endpoints: tests/test_remote_verify.py.
+
+
+def test_a_tool_chat_over_endpoints_runs_unconstrained(remote):
+    """The servers hand out sampled tokens, not logits: a chat with tools runs as without constraints (the
+    prefill, the parser), and says nothing it cannot do."""
+    from relaygen_integrations.chat.relay_chat import plan_chat, prepare_chat
+    from relaygen_integrations.engine.core.settings import merge_settings
+
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+    plan = plan_chat(remote, prepare_chat(MESSAGES, merge_settings({}), [tool], tool_choice="required"))
+    assert plan.settings.grammar is None and plan.call_tag is None
+    assert remote.tokenizer.decode(plan.prompt_ids).endswith('<tool_call>\n{"name": "')
 
 
 # -- failures are fast and name the server ------------------------------------------------------------------------

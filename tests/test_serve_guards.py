@@ -75,7 +75,7 @@ NO_FUNCTION = [
         ({"logit_bias": {"12": 5}}, "logit_bias"),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"functions": [{"name": "f"}]}, "send tools"),
-        ({"parallel_tool_calls": False}, "parallel_tool_calls=false"),
+        ({"parallel_tool_calls": [True]}, "parallel_tool_calls"),
         ({"store": True}, "stores nothing"),
     ],
 )

@@ -85,6 +85,7 @@ class ScriptBackend:
     kind = "script"
     serialized = False
     grammars = False
+    grammar_tokenizer = None
     large_name, small_name = "script-large", "script-small"
     context_window = 4096
 

@@ -161,7 +161,7 @@ def prepare_chat(
     if tool_choice == "none":
         checked = None
     prefix = forced_prefix(tool_choice, checked) if checked else None
-    if checked and any(message.get("role") == "tool" for message in chat):
+    if checked and TOOL_RESULT_INSTRUCTION and any(message.get("role") == "tool" for message in chat):
         add_system_text(chat, TOOL_RESULT_INSTRUCTION)
     if response_format and response_format.get("type") in ("json_object", "json_schema"):
         add_system_text(chat, json_instruction(response_format))
@@ -188,7 +188,7 @@ def _as_run(engine: RelayEngine, request: ChatRequest) -> ChatRequest:
     wanted = bool(request.tools) or json_format
     if request.constrained or not wanted or not settings.constrain or settings.grammar is not None:
         return request
-    if not getattr(engine.backend, "grammars", False):
+    if not engine.backend.grammars:
         return request  # a remote pair: the prefill and the parser, as without constraints
     return dataclasses.replace(request, prefix=None, constrained=True)
 
@@ -199,7 +199,8 @@ def _run_plan(engine: RelayEngine, request: ChatRequest) -> GenerationPlan:
     prompt_ids = _prompt_ids(engine, request)
     if not request.constrained:
         return engine.plan(prompt_ids, request.settings)
-    tokenizer = engine.backend.grammar_tokenizer  # type: ignore[attr-defined]
+    tokenizer = engine.backend.grammar_tokenizer
+    assert tokenizer is not None  # a backend that masks tokens has one
     if request.tools:
         rules, turn = tool_call_grammar(request.tools, request.tool_choice, tokenizer, request.parallel_tool_calls)
     else:

@@ -96,7 +96,7 @@ class ChatCompletionRequest(RequestSettings):  # type: ignore[misc,valid-type]
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    parallel_tool_calls: bool = False  # one call an answer unless asked (small models repeat a call given the room)
+    parallel_tool_calls: bool | None = None  # under a grammar: one call an answer unless true (small models repeat one)
     chat_template_kwargs: dict[str, Any] | None = None
 
 
@@ -202,7 +202,7 @@ def parse_request(
         tool_choice=body.tool_choice,
         chat_template_kwargs=body.chat_template_kwargs,
         response_format=body.response_format,
-        parallel_tool_calls=body.parallel_tool_calls,
+        parallel_tool_calls=bool(body.parallel_tool_calls),
     )
     return body, request, plan_chat(engine, request)
 

@@ -23,6 +23,8 @@ from .transcript import BackendUsage, Fed, Transcript
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from ..constraints.grammar import GrammarTokenizer
+
 
 class BackendCapabilityError(GenerationError):
     """The backend cannot do what the request or command asks for (``capability`` names it; ``field`` the setting
@@ -76,6 +78,9 @@ class Backend(Protocol):
     vocab_size: int  # the token ids every model of the pair can read (the front refuses a prompt id beyond it)
     serialized: bool  # whether requests must run one at a time (local caches hold one sequence)
     grammars: bool  # whether it can mask tokens by a grammar (``GenerationSettings.grammar``)
+    # The tokenizer as the grammar library reads it (``engine/constraints/grammar.py``), where ``grammars``; the chat
+    # layer builds its tool and schema grammars with it.
+    grammar_tokenizer: GrammarTokenizer | None
 
     @property
     def roles(self) -> frozenset[ModelRole]: ...

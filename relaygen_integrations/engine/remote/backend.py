@@ -320,6 +320,7 @@ class RemoteBackend:
     kind = "remote"
     serialized = False
     grammars = False  # the relay reads sampled tokens; masking needs the logits in this process
+    grammar_tokenizer = None
 
     def __init__(
         self,
