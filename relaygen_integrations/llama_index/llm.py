@@ -273,12 +273,15 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
             messages.append(
                 ChatMessage(role=MessageRole.USER, content=user_msg) if isinstance(user_msg, str) else user_msg
             )
+        # allow_parallel_tool_calls (True in a FunctionAgent) keeps every call the model writes (see
+        # _validate_chat_with_tools_response); the grammar lets the model write several only with
+        # parallel_tool_calls=True among the call's keywords: allowed them, the demo model wrote further, different
+        # calls in 3 of 10 FunctionAgent tasks (benchmarks/data/agent-loops-parallel).
         if tool_choice is None and tool_required:
             tool_choice = "required"  # the chat layer prefills "<tool_call>" so the model can only call a tool
         return {
             "messages": messages,
             "tools": tool_dicts(tools),
-            "parallel_tool_calls": allow_parallel_tool_calls,
             **({"tool_choice": tool_choice} if tool_choice is not None else {}),
             **kwargs,
         }
