@@ -8,7 +8,7 @@ template markup echoed as the answer).
     python benchmarks/agent_loops.py --out benchmarks/data/agent-loops [--resume] [--frameworks langgraph,llamaindex]
     python benchmarks/agent_loops.py --out benchmarks/data/agent-loops-no-instruction --without-result-instruction
 
-Writes ``results.jsonl`` (one line per framework x constrain x task, appended as each finishes: ``--resume`` skips
+Writes ``results.ndjson`` (one line per framework x constrain x task, appended as each finishes: ``--resume`` skips
 those done) and ``summary.json`` (passes per framework and setting, seconds, the machine). ``tests/test_agent_loops.py``
 runs the constrained loops of both frameworks as real-pair tests with the same tasks.
 """
@@ -189,7 +189,7 @@ def main() -> None:
     from relaygen_integrations.engine.local.cpu import cpu_model_and_flags
 
     args.out.mkdir(parents=True, exist_ok=True)
-    results = args.out / "results.jsonl"
+    results = args.out / "results.ndjson"  # one JSON object a line (not .jsonl: the docs check reads those as traces)
     done = set()
     if args.resume and results.exists():
         for line in results.read_text().splitlines():
