@@ -120,15 +120,21 @@ def response_grammar(response_format: Mapping[str, Any], schema: Mapping[str, An
     return f"turn: {_json(schema or {'type': 'object'})}", "turn"
 
 
-def turn_grammar(rules: str, turn: str, reasoning_end: str | None, tokenizer: GrammarTokenizer) -> str:
+def turn_grammar(
+    rules: str, turn: str, reasoning_end: str | None, tokenizer: GrammarTokenizer, may_open: str | None = None
+) -> str:
     """The whole completion's grammar: the turn, after a free reasoning up to ``reasoning_end`` where the turn
-    starts in one (a thinking pair whose prompt left ``<think>`` open; None: no reasoning first)."""
-    if reasoning_end is None:
+    starts in one (a thinking pair whose prompt left ``<think>`` open; None: no reasoning first). ``may_open``: the
+    tag with which the output may open a reasoning block of its own first (``<think>``, where the prompt left none
+    open)."""
+    if reasoning_end is None and may_open is None:
         return f"%llguidance {{}}\nstart: {turn}\n{rules}\n"
-    marker = _literal(reasoning_end, tokenizer)
-    if marker.startswith("<["):
-        reasoning = f"REASONING: /(.|\\n)*/\nreasoning: REASONING {marker}"
-    else:
-        reasoning = f"REASONING: /(.|\\n)*/\nreasoning[lazy]: REASONING {marker}"
+    marker = _literal(reasoning_end or "", tokenizer)
+    lazy = "" if marker.startswith("<[") else "[lazy]"
+    reasoning = f"REASONING: /(.|\\n)*/\nreasoning{lazy}: REASONING {marker}"
     # The template's blank line after the reasoning end, as the model writes it.
-    return f"%llguidance {{}}\nstart: reasoning GAP {turn}\nGAP: /[ \\n]*/\n{reasoning}\n{rules}\n"
+    if may_open is not None:
+        start = f"start: ({_literal(may_open, tokenizer)} reasoning GAP)? {turn}"
+    else:
+        start = f"start: reasoning GAP {turn}"
+    return f"%llguidance {{}}\n{start}\nGAP: /[ \\n]*/\n{reasoning}\n{rules}\n"

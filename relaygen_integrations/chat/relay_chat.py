@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..engine.core.prompt import check_json_data, validate_messages
 from ..engine.core.settings import SettingsError, shown
 from .constraints import response_grammar, tool_call_grammar, turn_grammar
-from .reasoning import ReasoningFormat, ReasoningSplitter, starts_in_reasoning
+from .reasoning import REASONING_START, ReasoningFormat, ReasoningSplitter, starts_in_reasoning
 from .tool_calls import (
     OPEN_TAG,
     InvalidToolCall,
@@ -208,12 +208,14 @@ def _run_plan(engine: RelayEngine, request: ChatRequest) -> GenerationPlan:
     end = engine.policy_config.reasoning_end
     # A thinking pair's reasoning comes first where the prompt leaves a reasoning block open (as the splitter says).
     opened = end is not None and bool(starts_in_reasoning(engine.tokenizer.decode(list(prompt_ids[-32:])), end))
-    grammar = turn_grammar(rules, turn, end if opened else None, tokenizer)
+    # Where the prompt left no block open, a thinking pair's output may open one itself (``<think>``) first.
+    may_open = REASONING_START if end == "</think>" and not opened else None
+    grammar = turn_grammar(rules, turn, end if (opened or may_open) else None, tokenizer, may_open)
     plan = engine.plan(prompt_ids, request.settings.model_copy(update={"grammar": grammar}))
-    # The decision is the turn's first token; after a reasoning the grammar alone decides (the tag or text).
-    tag = (
-        tokenizer.is_special(OPEN_TAG) if request.tools and forces_nothing(request.tool_choice) and not opened else None
-    )
+    # The decision is the turn's first token, which for a thinking pair is the reasoning's: there the grammar alone
+    # decides (the tag or text).
+    decides = bool(request.tools) and forces_nothing(request.tool_choice) and end is None
+    tag = tokenizer.is_special(OPEN_TAG) if decides else None
     return dataclasses.replace(plan, call_tag=tag) if tag is not None else plan
 
 
