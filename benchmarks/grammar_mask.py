@@ -31,6 +31,8 @@ class Place(BaseModel):
 
 
 class Landmark(BaseModel):
+    """A landmark, where it is and when it was finished."""
+
     name: str = Field(max_length=60)
     place: Place
     year: int
