@@ -151,12 +151,17 @@ async def test_an_agent_workflow_hands_off_and_its_event_stream_carries_the_swit
         can_handoff_to=["writer"],
         initial_tool_choice="handoff",
     )
+    # A leaf agent (no handoff tool of its own). With the handoff tool bound, the chat template's tool block leads the
+    # 1.5B model to describe the request instead of doing it ("The user wants sentences written."), with or without
+    # constraints and with any of seven result instructions; with none bound it writes the sentences
+    # (benchmarks/data/tool-result-instruction-v2, docs/llama_index.md#multi-agent-workflows).
     writer = FunctionAgent(
         name="writer",
         description="Writes short texts about any topic.",
         system_prompt="You write short plain sentences. Every sentence starts with 'The'.",
         llm=llm,
         tools=[],
+        can_handoff_to=[],
     )
     handler = AgentWorkflow(agents=[front, writer], root_agent="front").run(
         user_msg="Write three short sentences about the moon. Each sentence must start with 'The'."
@@ -164,13 +169,12 @@ async def test_an_agent_workflow_hands_off_and_its_event_stream_carries_the_swit
     events = [event async for event in handler.stream_events()]
     await handler
     handoffs = [e for e in events if isinstance(e, ToolCallResult) and e.tool_name == "handoff"]
-    # The last handoff reaches the writer. Before it, a forced call may come with no arguments (seen on the demo pair:
-    # `{}`), which the workflow answers with a tool error and the model then corrects - constrained decoding
-    # (issue 31) is what makes the first call valid.
-    assert handoffs and handoffs[-1].tool_kwargs.get("to_agent") == "writer", [h.tool_kwargs for h in handoffs]
-    assert all(h.tool_output.is_error for h in handoffs[:-1]) and not handoffs[-1].tool_output.is_error
+    # Under the tool grammar (the default) the forced handoff is well-formed at the first try; unconstrained, the demo
+    # pair's first call came with no arguments (`{}`) and the workflow had to report the error back.
+    assert [h.tool_kwargs.get("to_agent") for h in handoffs] == ["writer"], [h.tool_kwargs for h in handoffs]
+    assert not handoffs[0].tool_output.is_error
     outputs = [e for e in events if isinstance(e, AgentOutput)]
-    assert outputs[-1].current_agent_name == "writer" and outputs[-1].response.content.strip()
+    assert outputs[-1].current_agent_name == "writer" and "moon" in outputs[-1].response.content.lower()
     switches = [
         e.raw["relaygen_switch"]
         for e in events
