@@ -60,6 +60,11 @@ class GrammarTokenizer:
         self._tokenizer = tokenizer
         self._built: llguidance.LLTokenizer | None = None
         self._openers: tuple[torch.Tensor, torch.Tensor] | None = None
+        # The same grammar (a bound tool set, a response schema) comes back request after request: it is checked and
+        # compiled once, and each request gets a copy of the compiled matcher. The caches belong to this tokenizer
+        # (a module-level cache keyed by it kept up to 64 discarded engines' tokenizers alive, ~115 MB each).
+        self._validate = lru_cache(maxsize=64)(self._validate_uncached)
+        self._compiled = lru_cache(maxsize=64)(self._compile_uncached)
 
     @property
     def built(self) -> llguidance.LLTokenizer:
@@ -82,7 +87,7 @@ class GrammarTokenizer:
 
     def check(self, grammar: str, field: str = "grammar") -> None:
         """Raises :class:`GrammarError` naming ``field`` if ``grammar`` does not compile for this tokenizer."""
-        error = _validate(grammar, self)
+        error = self._validate(grammar)
         if error:
             raise GrammarError(f"the grammar does not compile: {error}", field)
 
@@ -90,19 +95,13 @@ class GrammarTokenizer:
         """A fresh state of ``grammar`` for a request whose prompt has ``prompt_len`` tokens (``opening``: the turn
         decides between a call and text at its first position)."""
         self.check(grammar)
-        return GrammarState(_compiled(grammar, self).deep_copy(), prompt_len, self.width, opening)
+        return GrammarState(self._compiled(grammar).deep_copy(), prompt_len, self.width, opening)
 
+    def _validate_uncached(self, grammar: str) -> str:
+        return llguidance.LLMatcher.validate_grammar(grammar, self.built)
 
-# The same grammar (a bound tool set, a response schema) comes back request after request: it is checked and
-# compiled once, and each request gets a copy of the compiled matcher.
-@lru_cache(maxsize=64)
-def _validate(grammar: str, tokenizer: GrammarTokenizer) -> str:
-    return llguidance.LLMatcher.validate_grammar(grammar, tokenizer.built)
-
-
-@lru_cache(maxsize=64)
-def _compiled(grammar: str, tokenizer: GrammarTokenizer) -> llguidance.LLMatcher:
-    return llguidance.LLMatcher(tokenizer.built, grammar, log_level=0)
+    def _compile_uncached(self, grammar: str) -> llguidance.LLMatcher:
+        return llguidance.LLMatcher(self.built, grammar, log_level=0)
 
 
 class GrammarState:
