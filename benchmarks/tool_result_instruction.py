@@ -25,7 +25,7 @@ import platform
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,26 +60,18 @@ class OpenTurn:
     bound: bool = True  # the tool bound in the request (a leaf agent of a workflow has none bound)
 
 
+HANDOFF_WRITER = OpenTurn(
+    "handoff-writer",
+    "You write short plain sentences. Every sentence starts with 'The'.",
+    "Write three short sentences about the moon. Each sentence must start with 'The'.",
+    handoff,
+    {"to_agent": "writer", "reason": "the user wants sentences written"},
+    ("moon",),
+    ("user",),
+)
 OPEN_TURNS = [
-    OpenTurn(
-        "handoff-writer",
-        "You write short plain sentences. Every sentence starts with 'The'.",
-        "Write three short sentences about the moon. Each sentence must start with 'The'.",
-        handoff,
-        {"to_agent": "writer", "reason": "the user wants sentences written"},
-        ("moon",),
-        ("user",),
-    ),
-    OpenTurn(
-        "handoff-writer-leaf",
-        "You write short plain sentences. Every sentence starts with 'The'.",
-        "Write three short sentences about the moon. Each sentence must start with 'The'.",
-        handoff,
-        {"to_agent": "writer", "reason": "the user wants sentences written"},
-        ("moon",),
-        ("user",),
-        bound=False,
-    ),
+    HANDOFF_WRITER,
+    replace(HANDOFF_WRITER, name="handoff-writer-leaf", bound=False),
     OpenTurn(
         "notes-three-facts",
         None,
