@@ -49,7 +49,9 @@ def search_notes(query: str) -> str:
 
 
 @dataclass(frozen=True)
-class OpenTurn:
+class Turn:
+    """The turn after one tool call and its result."""
+
     name: str
     system: str | None
     prompt: str
@@ -57,10 +59,12 @@ class OpenTurn:
     arguments: dict[str, Any]
     must_hold: tuple[str, ...]
     must_not_hold: tuple[str, ...] = ()
-    bound: bool = True  # the tool bound in the request (a leaf agent of a workflow has none bound)
+    # The tools bound in the request: None for the called tool alone, () for none (a leaf agent of a workflow).
+    bound: tuple[Any, ...] | None = None
+    family: str = "open"
 
 
-HANDOFF_WRITER = OpenTurn(
+HANDOFF_WRITER = Turn(
     "handoff-writer",
     "You write short plain sentences. Every sentence starts with 'The'.",
     "Write three short sentences about the moon. Each sentence must start with 'The'.",
@@ -71,8 +75,8 @@ HANDOFF_WRITER = OpenTurn(
 )
 OPEN_TURNS = [
     HANDOFF_WRITER,
-    replace(HANDOFF_WRITER, name="handoff-writer-leaf", bound=False),
-    OpenTurn(
+    replace(HANDOFF_WRITER, name="handoff-writer-leaf", bound=()),
+    Turn(
         "notes-three-facts",
         None,
         "Look up Zorbia in my notes and tell me three facts about it, one sentence each.",
@@ -81,6 +85,15 @@ OPEN_TURNS = [
         ("Quellmarsh", "kelp", "Vint"),
     ),
 ]
+
+
+def task_turns(agent_loops: Any) -> list[Turn]:
+    """The ten agent tasks, all four tools bound: the answer must hold the tool's result."""
+    return [
+        Turn(task.prompt, None, task.prompt, getattr(agent_loops, task.tool), task.arguments, (task.answer,),
+             bound=tuple(agent_loops.TOOLS), family="tasks")
+        for task in agent_loops.TASKS
+    ]  # fmt: skip
 
 
 def sentences(text: str) -> int:
@@ -113,32 +126,21 @@ def main() -> None:
         for label in args.instruction:
             text = {"shipped": shipped, "none": ""}.get(label, label)
             relay_chat.TOOL_RESULT_INSTRUCTION = text  # the chat layer adds it to every chat with a tool result
-            turns = [
-                ("tasks", task.prompt, None, al.TOOLS, getattr(al, task.tool), task.arguments, (task.answer,), ())
-                for task in al.TASKS
-            ] + [
-                (
-                    "open",
-                    turn.prompt,
-                    turn.system,
-                    [turn.tool] if turn.bound else [],
-                    turn.tool,
-                    turn.arguments,
-                    turn.must_hold,
-                    turn.must_not_hold,
-                )
-                for turn in OPEN_TURNS
-            ]
             passes = {"tasks": 0, "open": 0}
-            for family, prompt, system, tools, function, arguments, must_hold, must_not_hold in turns:
-                call = {"id": "c1", "type": "function", "function": {"name": function.__name__, "arguments": arguments}}
+            for turn in task_turns(al) + OPEN_TURNS:
+                function = {"name": turn.tool.__name__, "arguments": turn.arguments}
                 messages = [
-                    *([{"role": "system", "content": system}] if system else []),
-                    {"role": "user", "content": prompt},
-                    {"role": "assistant", "content": "", "tool_calls": [call]},
-                    {"role": "tool", "content": str(function(**arguments)), "tool_call_id": "c1"},
+                    *([{"role": "system", "content": turn.system}] if turn.system else []),
+                    {"role": "user", "content": turn.prompt},
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [{"id": "c1", "type": "function", "function": function}],
+                    },
+                    {"role": "tool", "content": str(turn.tool(**turn.arguments)), "tool_call_id": "c1"},
                 ]
-                schemas = [convert_to_openai_tool(f) for f in tools] or None
+                bound = (turn.tool,) if turn.bound is None else turn.bound
+                schemas = [convert_to_openai_tool(f) for f in bound] or None
                 request = prepare_chat(
                     messages,
                     merge_settings({"max_new_tokens": args.max_new_tokens}),
@@ -150,14 +152,14 @@ def main() -> None:
                 answer = final.parsed.content or ""
                 good = (
                     not final.parsed.tool_calls
-                    and all(word.lower() in answer.lower() for word in must_hold)
-                    and not any(word.lower() in answer.lower() for word in must_not_hold)
+                    and all(word.lower() in answer.lower() for word in turn.must_hold)
+                    and not any(word.lower() in answer.lower() for word in turn.must_not_hold)
                 )
-                passes[family] += good
+                passes[turn.family] += good
                 row = {
                     "instruction": label,
-                    "family": family,
-                    "prompt": prompt,
+                    "family": turn.family,
+                    "prompt": turn.prompt,
                     "passed": good,
                     "sentences": sentences(answer),
                     "answer": final.result.text,
@@ -165,7 +167,7 @@ def main() -> None:
                 }
                 lines.write(json.dumps(row) + "\n")
                 lines.flush()
-                print(label[:20], family, good, repr(final.result.text[:90]), flush=True)
+                print(label[:20], turn.family, good, repr(final.result.text[:90]), flush=True)
             summary["results"][label] = {
                 "text": text,
                 "tasks": f"{passes['tasks']}/{len(al.TASKS)}",
