@@ -74,6 +74,7 @@ class BenchConfig(BaseModel):
 
 
 # -- modes -------------------------------------------------------------------------------------------------------------
+DEFAULT_MODE = "default"  # the engine's own configuration for the pair on this machine (what a user gets)
 ModeFn = Callable[[list[dict[str, str]]], tuple[str, int, str, dict[str, Any]]]
 
 
@@ -102,6 +103,8 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
                 "large_forward_seconds": usage.large_forward_seconds,
                 "small_forward_seconds": usage.small_forward_seconds,
                 "time_split": usage.time_split,
+                "passes": {role: {str(k): n for k, n in by_k.items()} for role, by_k in usage.passes.items()},
+                "prompt_tokens": usage.prompt_tokens,
                 "spans": [s.to_dict() for s in result.spans],
             }
             return result.text, usage.completion_tokens, result.finish_reason, details
@@ -178,14 +181,23 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
     return modes
 
 
-def modes_over_formats(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
+def modes_over_formats(
+    engine: RelayEngine, config: BenchConfig, configurations: dict[str, Any] | None = None
+) -> dict[str, ModeFn]:
     """:func:`make_modes` for every mode, a mode named ``MODE#FORMATS`` (``large#int8``,
     ``large-spec#bf16/int8``) over the same pair loaded in those per-model formats: so formats are compared in one
-    interleaved run (each distinct combination loaded once; one equal to the run's own reuses its engine)."""
+    interleaved run (each distinct combination loaded once; one equal to the run's own reuses its engine). Mode
+    ``default`` runs in an engine loaded with nothing given: the configuration a user gets on this machine (tuned,
+    else the profile's), which it records in ``configurations``."""
     groups: dict[str | None, list[str]] = {}
     own = weights_name(config.dtype, config)
     for name in config.modes:
         formats = split_format(name)[1]
+        if name == DEFAULT_MODE:
+            # What a user gets: the engine's own configuration for this machine (tuned, or the profile's), whatever
+            # the run's --dtype / --draft-vocab say, in an engine of its own.
+            groups.setdefault(DEFAULT_MODE, []).append(name)
+            continue
         try:  # a bad format fails here, before any weights load
             if formats is not None and weights_name(formats, config) == own:
                 formats = None
@@ -196,10 +208,20 @@ def modes_over_formats(engine: RelayEngine, config: BenchConfig) -> dict[str, Mo
     for formats, names in groups.items():
         if formats is not None and engine.backend.kind != "local":
             raise ValueError(f"benchmark modes {names}: a weight format per mode needs local models")
-        mode_engine = engine if formats is None else RelayEngine.from_pretrained(
-            config.large, config.small, cues=config.cues, dtype=formats, kv_cache=config.kv_cache,
-            compile=config.compile, draft_vocab=config.draft_vocab,
-        )  # fmt: skip
+        if formats == DEFAULT_MODE:
+            if engine.backend.kind != "local":
+                modes[DEFAULT_MODE] = make_modes(engine, config.model_copy(update={"modes": names}))[DEFAULT_MODE]
+                continue
+            mode_engine = RelayEngine.from_pretrained(
+                config.large, config.small, cues=config.cues, kv_cache=config.kv_cache, compile=config.compile
+            )
+        else:
+            mode_engine = engine if formats is None else RelayEngine.from_pretrained(
+                config.large, config.small, cues=config.cues, dtype=formats, kv_cache=config.kv_cache,
+                compile=config.compile, draft_vocab=config.draft_vocab,
+            )  # fmt: skip
+        if formats == DEFAULT_MODE and mode_engine.configuration is not None and configurations is not None:
+            configurations[DEFAULT_MODE] = mode_engine.configuration.describe()
         bases = list(dict.fromkeys(split_format(name)[0] for name in names))
         built = make_modes(mode_engine, config.model_copy(update={"modes": bases}))
         # "large" and "large#bfloat16" (the run's own formats) are one mode under two names: one function.
@@ -222,7 +244,10 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
     if config.concurrency > 1 and engine.backend.serialized:
         raise ValueError(f"concurrency={config.concurrency}: the {engine.backend.kind} backend runs one request at "
                          "a time; concurrent requests need a remote backend (endpoints)")  # fmt: skip
-    modes = modes_over_formats(engine, config)
+    configurations: dict[str, Any] = {}
+    modes = modes_over_formats(engine, config, configurations)
+    if configurations:
+        console.print(f"default: {configurations[DEFAULT_MODE]}")
     unknown = [m for m in config.modes if m not in modes]
     if unknown:
         raise ValueError(f"unknown benchmark modes {unknown}; known: {sorted(modes)}")

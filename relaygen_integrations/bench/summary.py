@@ -67,6 +67,10 @@ class Run:
     # Forward seconds by model and pass kind ("large.decode", "small.draft", ...: ``Usage.time_split``); empty in
     # results saved before it existed and for modes outside the engine.
     time_split: dict[str, float] = field(default_factory=dict)
+    # Forward passes by model and positions read (``Usage.passes``, JSON keys as strings) and the prompt's length:
+    # what ``relaygen tune`` prices with a machine's pass costs. Empty / 0 in results saved before they existed.
+    passes: dict[str, dict[str, int]] = field(default_factory=dict)
+    prompt_tokens: int = 0
 
 
 def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:

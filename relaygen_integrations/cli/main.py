@@ -20,6 +20,7 @@ from .bench import add_bench_parser
 from .calibrate import add_calibrate_parser
 from .generate import add_demo_parser, add_generate_parser
 from .serve import add_serve_parser
+from .tune import add_tune_parser
 
 __all__ = ["build_parser", "main"]
 
@@ -159,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_calibrate_parser(sub)
     add_serve_parser(sub)
+    add_tune_parser(sub)
     return parser
 
 

@@ -13,7 +13,7 @@ import contextlib
 import inspect
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -22,8 +22,8 @@ from .core.backend import Backend, BackendCapabilityError
 from .core.cues import CueConfigError, CueSet, resolve_cues
 from .core.guard import EngineBusyError, RequestLock, check_prompt_ids, policy_config
 from .core.loop import drive
-from .core.pairs import reasoning_end_marker
-from .core.policy import PolicyConfig, RelayPolicy, shipped_mode
+from .core.pairs import known_pair, reasoning_end_marker
+from .core.policy import PolicyConfig, RelayPolicy
 from .core.prompt import chat_of_checked, render_chat_ids, render_prompt_ids
 from .core.settings import (
     GenerationError,
@@ -36,14 +36,17 @@ from .core.settings import (
 )
 from .core.spans import FinalEvent, Mode, RelayResult, StreamEvent
 from .core.transcript import Transcript
-from .core.verify import VerifyRule, parse_verify_default, shipped_verify_rule
+from .core.verify import VerifyRule, parse_verify_default
 from .core.worker_stream import stream_on_worker
 from .local.backend import LocalBackend
-from .local.draft_head import DraftVocab, shipped_draft_vocab
+from .local.draft_head import DraftVocab
 from .local.kv import KVCacheKind, cache_options
 from .local.loading import load_pair, pair_key, pick_device, shared_pair
-from .local.speculative import DEFAULT_DRAFT_CONFIDENCE, shipped_speculative
+from .local.speculative import DEFAULT_DRAFT_CONFIDENCE
 from .local.weights import PairDTypeSpec
+
+if TYPE_CHECKING:
+    from ..tune.configuration import PairConfiguration
 
 __all__ = ["BackendCapabilityError", "EngineBusyError", "GenerationError", "GenerationPlan", "RelayEngine"]
 
@@ -70,6 +73,8 @@ class RelayEngine:
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
+        # Where the defaults came from (``tune/configuration.py``); None unless ``from_pretrained`` built it.
+        self.configuration: PairConfiguration | None = None
         self.pair_name = pair_name
         self.cues = cues if isinstance(cues, CueSet) else resolve_cues(cues, pair_name)
         config = policy_config(policy)
@@ -148,15 +153,22 @@ class RelayEngine:
         """Loads both models (a known pair name such as ``"demo"``, a local directory, or a hub id).
 
         The tokenizer and chat template come from the large model; the small model's tokenizer must agree with it.
-        ``mode="auto"`` / ``verify="auto"`` / ``draft_vocab="auto"`` / ``speculative="auto"`` / ``dtype="auto"``: who
-        writes / the verification rule / draft vocabulary / speculation / per-model weight formats the pair's shipped
-        profile names (the demo pair's were chosen from benchmark runs: the large model writing, the small one in
-        int8 drafting), else relay / none / the whole vocabulary / off / bf16. ``dtype`` may give each model its own
-        format: ``"bf16/int8"`` (large/small) or ``{"large": "bf16", "small": "int8"}``.
+        ``mode`` / ``verify`` / ``draft_vocab`` / ``speculative`` / ``dtype`` all ``"auto"`` (the default): the
+        configuration tuned for this machine for a known pair (``tune/``: its pass costs measured at first use,
+        cached, priced against the pair's benchmarked modes; the fastest accuracy-backed one wins), else - tuning
+        off (``RELAYGEN_TUNE=off``) or any of them given - the pair's shipped profile entries for the rest, else
+        relay / none / the whole vocabulary / off / bf16. ``engine.configuration`` says which and why. ``dtype``
+        may give each model its own format: ``"bf16/int8"`` (large/small) or ``{"large": "bf16", "small": "int8"}``.
         """
-        loaded = load_pair(large, small, pick_device(device), dtype, trust_remote_code, allow_pickle)
+        from ..tune.configuration import configure_pair  # deferred: tuning loads the registry's models
+
+        torch_device = pick_device(device)
+        explicit = dict(mode=mode, speculative=speculative, verify=verify, dtype=dtype, draft_vocab=draft_vocab)
+        configuration = configure_pair(known_pair(large, small), torch_device, explicit)
+        formats = configuration.dtype if isinstance(dtype, str) and dtype == "auto" else dtype
+        loaded = load_pair(large, small, torch_device, formats, trust_remote_code, allow_pickle)
         large_model, small_model, tokenizer, pair_name = loaded.large, loaded.small, loaded.tokenizer, loaded.pair_name
-        return cls.from_models(
+        engine = cls.from_models(
             large_model,
             small_model,
             tokenizer,
@@ -166,14 +178,16 @@ class RelayEngine:
             small_name=loaded.small_name,
             pair_name=pair_name,
             reuse_prefix=reuse_prefix,
-            mode=shipped_mode(pair_name) if mode == "auto" else mode,
-            speculative=shipped_speculative(pair_name) if speculative == "auto" else speculative,
-            verify=shipped_verify_rule(pair_name) if verify == "auto" else verify,
+            mode=configuration.mode if mode == "auto" else mode,  # type: ignore[arg-type]
+            speculative=configuration.speculative if speculative == "auto" else speculative,
+            verify=configuration.verify if verify == "auto" else verify,
             draft_confidence=draft_confidence,
-            draft_vocab=shipped_draft_vocab(pair_name) if draft_vocab == "auto" else draft_vocab,
+            draft_vocab=configuration.draft_vocab if draft_vocab == "auto" else draft_vocab,
             kv_cache=kv_cache,
-            compile=compile,
+            compile=compile or configuration.compile,
         )
+        engine.configuration = configuration
+        return engine
 
     @classmethod
     def shared(

@@ -76,6 +76,9 @@ class Usage:
     # "large.verify_drafts", "large.verify_sentences", "small.decode" (its sentences and answers), "small.draft", ...;
     # kinds: ``runner.PASS_KINDS``): where an answer's time went, so the next lever shows in every report.
     time_split: dict[str, float] = field(default_factory=dict)
+    # Forward passes by model and by how many new positions each read (``{"large": {1: 212, 4: 31}}``; local models
+    # only): the machine-independent shape of the work, which ``relaygen tune`` prices with a machine's pass costs.
+    passes: dict[str, dict[int, int]] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:

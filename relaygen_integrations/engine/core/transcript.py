@@ -46,6 +46,7 @@ class BackendUsage:
     large_forward_seconds: float = 0.0
     small_forward_seconds: float = 0.0
     time_split: dict[str, float] = field(default_factory=dict)
+    passes: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
 @dataclass

@@ -47,6 +47,9 @@ class ForwardStats:
     # The same wall time by what each pass was for (PASS_KINDS): the per-answer time split of ``Usage.time_split``.
     seconds_by_kind: dict[str, float] = field(default_factory=dict)
     compiled_steps: int = 0  # one-token steps that ran the compiled forward (``compile=True``)
+    # Passes by how many new positions each read ({1: decode and draft steps, 4: a 3-token draft's check, ...}): with
+    # a machine's cost per pass (``tune/costs.py``) this predicts the request's forward seconds on any machine.
+    passes: dict[int, int] = field(default_factory=dict)
 
     def add_seconds(self, kind: str, seconds: float) -> None:
         self.forward_seconds += seconds
@@ -282,4 +285,5 @@ def _finish_pass(runner: ModelRunner, new_ids: list[int], started: float, result
         # Kernels run asynchronously; the sampler would wait for them right after anyway, so timing here costs nothing.
         torch.cuda.synchronize(result.device)
     runner.stats.add_seconds(kind, time.perf_counter() - started)
+    runner.stats.passes[len(new_ids)] = runner.stats.passes.get(len(new_ids), 0) + 1
     runner.cached_ids.extend(new_ids)

@@ -169,4 +169,5 @@ class LocalSession:
                 for kind, spent in runner.stats.seconds_by_kind.items()
             }
             | grammar,
+            passes={role: dict(sorted(runner.stats.passes.items())) for role, runner in self.runners.items()},
         )

@@ -1,0 +1,134 @@
+"""`relaygen tune`: measure this machine for a pair, price every candidate configuration, say which wins and why.
+
+relaygen tune [PAIR] [--explain] [--refresh] [--budget 60] [--formats large:bf16,small:int8,...]
+relaygen tune [PAIR] --costs TABLE.json --explain        # price on a recorded table (another machine's)
+relaygen tune [PAIR] --profile-from RESULTS.json[:MODE,MODE] ...   # write the profile's "tuning" entry
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def add_tune_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("tune", help="measure this machine and choose the pair's fastest accurate configuration")
+    parser.add_argument("pair", nargs="?", default="demo", help="a known pair (default: demo)")
+    parser.add_argument("--explain", action="store_true", help="print every candidate and why the winner won")
+    parser.add_argument("--refresh", action="store_true", help="measure again even when this machine is cached")
+    parser.add_argument("--budget", type=float, default=60.0, help="seconds the measurement may take (default 60)")
+    parser.add_argument("--formats", default=None, help="what to measure, e.g. large:bf16,small:int8,large:int8")
+    parser.add_argument("--costs", type=Path, default=None, help="price on this recorded pass-cost table instead")
+    measured = "a bench results.json from this machine: show each mode's measured s/token too"
+    parser.add_argument("--measured", type=Path, default=None, help=measured)
+    profile_from = "write the profile's tuning entry from saved bench runs (MODES: comma-separated)"
+    parser.add_argument("--profile-from", nargs="+", default=None, metavar="RESULTS[:MODES]", help=profile_from)
+    parser.add_argument("--profile", type=Path, default=None, help="the profile to read or write (default: shipped)")
+    parser.set_defaults(func=run_tune)
+
+
+def _profile_path(args: argparse.Namespace) -> Path:
+    from ..engine.core.cues import shipped_profile
+
+    path = args.profile or shipped_profile(args.pair)
+    if path is None:
+        raise SystemExit(f"no shipped profile for pair {args.pair!r}: pass --profile")
+    return Path(path)
+
+
+def _write_profile(args: argparse.Namespace, console: Console) -> int:
+    from ..tune.profile import TUNING_KEY, modes_from_results, tuning_entry
+
+    sources: list[tuple[Path, list[str] | None]] = []
+    for spec in args.profile_from:
+        path, _, modes = spec.partition(":")
+        sources.append((Path(path), modes.split(",") if modes else None))
+    modes = modes_from_results(sources)
+    target = _profile_path(args)
+    profile = json.loads(target.read_text(encoding="utf-8"))
+    profile[TUNING_KEY] = tuning_entry(modes, [str(path.parent) for path, _ in sources])
+    target.write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")
+    console.print(f"wrote {len(modes)} modes into {target}'s {TUNING_KEY!r} entry")
+    return 0
+
+
+def _measured_per_token(path: Path | None) -> dict[str, float]:
+    if path is None:
+        return {}
+    from ..tune.candidates import split_mode
+
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    run_formats = str(saved.get("machine", {}).get("dtype") or "bf16")
+    seconds: dict[str, float] = {}
+    tokens: dict[str, int] = {}
+    for run in saved["runs"]:
+        base, large, small = split_mode(run["mode"], run_formats)
+        name = f"{base}#{large if large == small else f'{large}/{small}'}"
+        seconds[name] = seconds.get(name, 0.0) + run["seconds"]
+        tokens[name] = tokens.get(name, 0) + run["completion_tokens"]
+    return {name: seconds[name] / tokens[name] for name in seconds if tokens[name]}
+
+
+def explain(choice: Any, measured: dict[str, float], console: Console) -> None:
+    table = Table(title="candidates on this machine (predicted; fastest first)", show_edge=False)
+    for column in ("candidate", "ms/token", "s/answer", "vs large", "measured ms/token", "accuracy", "why"):
+        table.add_column(column, justify="right" if column[0].isdigit() or "/" in column or "vs" in column else "left")
+    for priced in choice.ranked:
+        candidate = priced.candidate
+        mark = "[bold green]> [/]" if priced is choice.winner else "  "
+        seen = measured.get(candidate.name)
+        table.add_row(
+            mark + candidate.name,
+            f"{priced.seconds_per_token * 1000:.1f}",
+            f"{priced.seconds_per_answer:.1f}",
+            f"{priced.speedup:.2f}x",
+            f"{seen * 1000:.1f}" if seen else "-",
+            "[green]backed[/]" if candidate.backed else "[red]not backed[/]",
+            "; ".join([candidate.why, *candidate.notes]),
+        )
+    console.print(table)
+    for candidate, missing in choice.unpriced:
+        console.print(f"  [dim]{candidate.name}: not priced, this machine's table lacks {', '.join(missing)}[/]")
+    console.print(f"[bold]winner[/]: {choice.winner.candidate.name} - {choice.reason}")
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..engine.local.loading import pick_device
+    from ..tune.choose import choose
+    from ..tune.configuration import PairConfiguration
+    from ..tune.costs import PassCostTable
+    from ..tune.profile import profiled_modes
+    from ..tune.tuner import tune_pair
+
+    console = Console()
+    if args.profile_from:
+        return _write_profile(args, console)
+    profile = json.loads(_profile_path(args).read_text(encoding="utf-8"))
+    if args.costs is not None:
+        table = PassCostTable.load(args.costs)
+        choice = choose(profiled_modes(profile), table)
+        console.print(f"pass costs recorded on: {table.machine.get('cpu', table.machine.get('processor', '?'))} "
+                      f"{table.machine.get('cpu_flags', table.machine.get('flags', ''))}")  # fmt: skip
+        machine_key = "recorded"
+    else:
+        plan = None
+        if args.formats:
+            plan = [tuple(item.split(":", 1)) for item in args.formats.split(",")]
+        device: torch.device = pick_device("auto")
+        tuned = tune_pair(args.pair, profile, device, refresh=args.refresh, plan=plan, budget=args.budget)
+        choice, machine_key = tuned.choice, tuned.machine.key()
+        state = "cached" if tuned.cached else "measured"
+        console.print(f"{tuned.machine.describe()}\npass costs {state}: {tuned.path}")
+    winner = choice.winner
+    configuration = PairConfiguration.from_candidate(winner.candidate, winner.speedup, machine_key)
+    if args.explain:
+        explain(choice, _measured_per_token(args.measured), console)
+    console.print_json(json.dumps(configuration.describe()))
+    return 0

@@ -1,0 +1,132 @@
+"""Measuring a machine's pass costs: each model, each candidate format, passes over 1 to 32 positions, in a budget.
+
+What is timed is what the engine runs: the model's forward over ``k`` new positions on top of a cached context, with
+the logits of every position kept (what a speculative or verified-relay check keeps), then the cache cropped back.
+The context is ``CONTEXT`` positions of random keys and values written straight into the cache: a pass's cost
+depends on how many positions it attends to, not on what they hold, and a real prefill of 256 positions in bf16
+costs ~50 s on an AVX2-only CPU (``pass-cost-avx2.json``: 6.1 s for 32 positions), more than the whole budget.
+
+Budget (``DEFAULT_BUDGET_SECONDS``, the loading of each format included): formats are measured in priority order
+(the shipped default's first), each size once, then again while time is left (the median of what was measured is
+kept). A size whose pass would overrun the budget is not run: the table then ends at the last measured size and
+``costs.interpolate`` extrapolates (passes grow about linearly there). A format that cannot start before the budget
+is spent is left out, and the candidates that need it are reported as unpriced.
+
+The source of timings is an interface (:class:`PassTimer`), so tests count measurements with a scripted one.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+
+from .costs import PassCostTable
+
+POSITIONS = (1, 2, 4, 8, 16, 32)
+CONTEXT = 256
+DEFAULT_BUDGET_SECONDS = 60.0
+# Repeat a format's sweep (median of up to 3) only when one sweep costs less than this share of the budget: on the
+# AVX2 EPYC a bf16 sweep of the 1.5B model takes 14 s and an int8 sweep of the 0.5B one 0.8 s.
+REPEAT_BELOW_SHARE = 0.05
+
+
+class PassTimer(Protocol):
+    """Times one model's passes in one format (``load`` first; ``close`` frees it)."""
+
+    def load(self, role: str, fmt: str) -> None: ...
+
+    def time_pass(self, positions: int) -> float: ...
+
+    def close(self) -> None: ...
+
+
+def measure_pass_costs(
+    timer: PassTimer,
+    plan: Sequence[tuple[str, str]],
+    positions: Sequence[int] = POSITIONS,
+    budget_seconds: float = DEFAULT_BUDGET_SECONDS,
+    clock: Callable[[], float] = time.perf_counter,
+    on_progress: Callable[[str], None] | None = None,
+) -> PassCostTable:
+    """Measures each (role, format) of ``plan`` in order (module docstring) and returns the table; the caller puts
+    the machine's identity on it. ``on_progress`` is told of each measured pass (a progress bar's advance)."""
+    table = PassCostTable(context=CONTEXT)
+    deadline = clock() + budget_seconds
+    for role, fmt in plan:
+        if clock() >= deadline:
+            break
+        timer.load(role, fmt)
+        try:
+            samples: dict[int, list[float]] = {}
+            timer.time_pass(1)  # warm-up: the first call packs weights and picks kernels
+            repeat = 0
+            while True:
+                grew = False
+                for k in positions:
+                    last = samples.get(k // 2 or 1) or samples.get(k)
+                    expected = (last[-1] * 2 if k > 1 else last[-1]) if last else 0.0
+                    if clock() + expected >= deadline:
+                        break
+                    samples.setdefault(k, []).append(timer.time_pass(k))
+                    grew = True
+                    if on_progress is not None:
+                        on_progress(f"{role} {fmt} k={k}")
+                repeat += 1
+                # A second (and third) repetition only for a cheap format: one whose sweep is a small part of the
+                # budget (the expensive ones are slow because their passes are long, which one sample times well).
+                sweep = sum(statistics.median(v) for v in samples.values())
+                if not grew or repeat >= 3 or sweep > REPEAT_BELOW_SHARE * budget_seconds:
+                    break
+        finally:
+            timer.close()
+        if samples:
+            table.put(role, fmt, {k: statistics.median(v) for k, v in samples.items()})
+    return table
+
+
+class ModelPassTimer:
+    """The real timer: the pair's model in a format (``engine/local/weights.py``), a random cached context."""
+
+    def __init__(self, load_model: Callable[[str, str], torch.nn.Module], context: int = CONTEXT) -> None:
+        self.load_model = load_model
+        self.context = context
+        self.model: torch.nn.Module | None = None
+        self.cache: object = None
+
+    def load(self, role: str, fmt: str) -> None:
+        from transformers import DynamicCache
+
+        self.model = self.load_model(role, fmt)
+        config = self.model.config
+        cache = DynamicCache(config=config)
+        dtype = next(p for p in self.model.parameters() if p.is_floating_point()).dtype
+        device = next(self.model.parameters()).device
+        heads = config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        generator = torch.Generator().manual_seed(0)
+        for layer in range(config.num_hidden_layers):
+            keys = torch.randn(1, heads, self.context, head_dim, generator=generator).to(device, dtype)
+            cache.update(keys, keys.clone(), layer)
+        self.cache = cache
+
+    @torch.inference_mode()
+    def time_pass(self, positions: int) -> float:
+        assert self.model is not None
+        device = next(self.model.parameters()).device
+        ids = torch.randint(1000, 20000, (1, positions), device=device)
+        start = time.perf_counter()
+        self.model(ids, past_key_values=self.cache, use_cache=True, logits_to_keep=positions)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+        self.cache.crop(-positions)  # type: ignore[attr-defined]
+        return seconds
+
+    def close(self) -> None:
+        self.model = self.cache = None
+        gc.collect()

@@ -1,0 +1,137 @@
+"""Tuning a pair on this machine: its pass costs, measured once and cached, priced against its profiled modes.
+
+``tune_pair`` is what the engine's first use of a known pair and ``relaygen tune`` run:
+
+1. The machine's identity (``machine.py``) keys a cache file ``$RELAYGEN_HOME/tune/<pair>-<key>.json``; a cached
+   table that covers the formats asked for is used as it is (no measurement).
+2. Otherwise the formats the pair's candidates need are measured (``measure.py``, at most ``budget`` seconds with a
+   progress bar) and cached.
+3. ``choose.choose`` prices every candidate and picks the fastest accuracy-backed one.
+
+``RELAYGEN_TUNE=off`` in the environment turns this off everywhere: the engine then runs the profile's shipped
+configuration. Passing any of the configuration's settings explicitly never measures either (``configuration.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..registry.cache import relaygen_home
+from .choose import Choice, choose
+from .costs import PassCostTable
+from .machine import MachineIdentity, this_machine
+from .measure import DEFAULT_BUDGET_SECONDS, ModelPassTimer, PassTimer, measure_pass_costs
+from .profile import profiled_modes
+
+TUNE_ENV = "RELAYGEN_TUNE"
+# What a machine measures, in priority order: the shipped default's formats first, so a cut-short budget still
+# prices it. int8 for the large model is left out: no mode with it is accuracy-backed (``candidates.py``), and
+# quantizing the 1.5B model alone takes 27 s on the AVX2 EPYC (``relaygen tune --formats`` can ask for it).
+CPU_PLAN: tuple[tuple[str, str], ...] = (("large", "bf16"), ("small", "int8"), ("small", "bf16"), ("large", "fp32"))
+CUDA_PLAN: tuple[tuple[str, str], ...] = (("large", "bf16"), ("small", "bf16"))
+
+
+def tuning_enabled() -> bool:
+    return os.environ.get(TUNE_ENV, "").strip().lower() not in {"off", "0", "false", "no"}
+
+
+def default_plan(device: torch.device) -> tuple[tuple[str, str], ...]:
+    return CUDA_PLAN if device.type == "cuda" else CPU_PLAN
+
+
+def cache_path(pair: str, machine: MachineIdentity, home: Path | None = None) -> Path:
+    return (home or relaygen_home()) / "tune" / f"{pair}-{machine.key()}.json"
+
+
+def load_cached(path: Path, plan: Sequence[tuple[str, str]]) -> PassCostTable | None:
+    """The cached table when it covers every (role, format) of ``plan``: measured, or tried when it was measured (a
+    format the budget left out stays out, rather than making every later start measure again); else None."""
+    try:
+        table = PassCostTable.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    tried = set(table.machine.get("plan", []))
+    return table if all(table.has(role, fmt) or f"{role}:{fmt}" in tried for role, fmt in plan) else None
+
+
+def pair_model_loader(pair: str, device: torch.device) -> Callable[[str, str], torch.nn.Module]:
+    """Loads the known pair's model for ``role`` in ``fmt`` as the engine would hold it. fp32 is timed on the bf16
+    copy upcast (the same shapes and kernels; the fp32 copy's values only matter for what it writes)."""
+    from ..engine.core.pairs import resolve_reference
+    from ..engine.local.loading import load_causal_lm
+    from ..engine.local.weights import pick_weights, quantize_linear_int8
+
+    def load(role: str, fmt: str) -> torch.nn.Module:
+        weights = pick_weights(fmt, device)
+        reference, _ = resolve_reference(pair, role, "bf16")  # type: ignore[arg-type]
+        model = load_causal_lm(reference, torch.bfloat16, device)
+        if weights.quantized:
+            return quantize_linear_int8(model)
+        return model.to(weights.dtype)
+
+    return load
+
+
+@dataclass
+class Tuned:
+    choice: Choice
+    table: PassCostTable
+    machine: MachineIdentity
+    cached: bool  # the table came from the cache (nothing was measured)
+    path: Path
+
+
+def measure_with_progress(
+    timer: PassTimer, plan: Sequence[tuple[str, str]], budget: float, show_progress: bool
+) -> PassCostTable:
+    if not show_progress:
+        return measure_pass_costs(timer, plan, budget_seconds=budget)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .measure import POSITIONS
+
+    with Progress(TextColumn("[bold]tuning[/bold] {task.description}"), BarColumn(), TimeElapsedColumn(),
+                  transient=True) as progress:  # fmt: skip
+        task = progress.add_task("pass costs", total=len(plan) * len(POSITIONS))
+
+        def advance(what: str) -> None:
+            progress.update(task, advance=1, description=what)
+
+        return measure_pass_costs(timer, plan, budget_seconds=budget, on_progress=advance)
+
+
+def tune_pair(
+    pair: str,
+    profile: dict[str, Any],
+    device: torch.device,
+    *,
+    refresh: bool = False,
+    plan: Sequence[tuple[str, str]] | None = None,
+    budget: float = DEFAULT_BUDGET_SECONDS,
+    timer: PassTimer | None = None,
+    home: Path | None = None,
+    show_progress: bool = True,
+) -> Tuned:
+    """Measures (or reads the cached) pass costs of ``pair`` on this machine and chooses (module docstring)."""
+    modes = profiled_modes(profile)
+    if not modes:
+        raise ValueError(f"the {pair!r} profile has no 'tuning' entry: run relaygen tune --profile-from first")
+    plan = tuple(plan or default_plan(device))
+    machine = this_machine(device)
+    path = cache_path(pair, machine, home)
+    table = None if refresh else load_cached(path, plan)
+    cached = table is not None
+    if table is None:
+        timer = timer or ModelPassTimer(pair_model_loader(pair, device))
+        table = measure_with_progress(timer, plan, budget, show_progress)
+        table.machine = machine.to_json() | {"plan": [f"{role}:{fmt}" for role, fmt in plan]}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table.save(path)
+    return Tuned(choose(modes, table), table, machine, cached, path)

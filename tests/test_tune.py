@@ -1,0 +1,233 @@
+"""The configuration tuner: pass-cost tables, a mode's work, the cost model, the choice per recorded machine, the
+cache (a scripted timer counts what is measured), and the configuration the engine gets."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from relaygen_integrations.engine.core.cues import shipped_profile
+from relaygen_integrations.tune.candidates import MAX_LOST_PROBLEMS, expand
+from relaygen_integrations.tune.choose import choose
+from relaygen_integrations.tune.configuration import PairConfiguration, configure_pair
+from relaygen_integrations.tune.cost_model import seconds_per_token
+from relaygen_integrations.tune.costs import PassCostTable, interpolate
+from relaygen_integrations.tune.measure import ModelPassTimer, measure_pass_costs
+from relaygen_integrations.tune.profile import modes_from_results, profiled_modes
+from relaygen_integrations.tune.tuner import cache_path, tune_pair
+from relaygen_integrations.tune.work import reconstruct_passes, run_passes, work_from_runs
+
+DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+PROFILE = json.loads(shipped_profile("demo").read_text(encoding="utf-8"))  # type: ignore[union-attr]
+MODES = profiled_modes(PROFILE)
+
+
+def table_of(*paths: str) -> PassCostTable:
+    """A machine's table, later files overriding earlier ones (the row-scaled int8 remeasure on the same EPYC)."""
+    table = PassCostTable()
+    for path in paths:
+        part = PassCostTable.load(DATA / path)
+        table.machine = part.machine
+        for role, by_format in part.costs.items():
+            for fmt, costs in by_format.items():
+                table.put(role, fmt, costs.seconds)
+    return table
+
+
+AVX512_BF16 = ("pass-cost-avx512bf16/pass_cost.json", "pass-cost-avx512bf16/pass_cost-int8-row-scaled.json")
+MACHINES = {
+    "avx512-bf16 EPYC": (AVX512_BF16, "large-spec#bf16/int8"),
+    "AMX Xeon": (("pass-cost-avx2-capped/native.json",), "large-spec#bf16/int8"),
+    "AMX Xeon, AVX2 paths forced": (("pass-cost-avx2-capped/avx2-capped.json",), "large-spec#bf16/int8"),
+    "AVX2 EPYC (issue 2 run)": (("pass-cost-avx2.json",), "large-spec#bf16/int8"),
+    # The EPYC this tuner was built on: bf16 passes grow 1.7x from 1 to 2 positions, so no draft pays for itself.
+    "AVX2 EPYC (tuner)": (("tune-avx2-epyc/pass_cost.json",), "large#bf16"),
+    "H200 (engine's compile=True)": (("gpu-h200/pass_cost.json",), "large#bf16+compile"),
+}
+
+
+def test_interpolation_is_linear_between_and_past_the_measured_sizes() -> None:
+    costs = {1: 1.0, 2: 1.5, 4: 2.0, 8: 4.0}
+    assert interpolate(costs, 1) == 1.0 and interpolate(costs, 3) == pytest.approx(1.75)
+    assert interpolate(costs, 16) == pytest.approx(8.0)  # the last segment's slope, 0.5 per position
+    assert interpolate({4: 2.0}, 8) == pytest.approx(4.0) and interpolate({4: 2.0}, 2) == 2.0
+
+
+def test_a_recorded_histogram_is_used_as_is_and_an_old_run_is_rebuilt_from_its_counts() -> None:
+    recorded = {"passes": {"large": {"1": 10, "4": 2}}, "completion_tokens": 18}
+    assert run_passes(recorded) == ({"large": {1: 10.0, 4: 2.0}}, False)
+    old = {"mode": "large-spec#bf16/int8", "completion_tokens": 101, "speculative_rounds": 20, "draft_tokens": 70,
+           "accepted_draft_tokens": 80 - 20, "catchup_tokens": 30, "prompt_tokens": 50}  # fmt: skip
+    passes = reconstruct_passes(old)
+    # 20 checks of 3.5 drafted tokens + 1: half over 4 positions, half over 5; the large model wrote the other 20
+    # tokens (101 - 60 accepted - 20 of its own in the rounds - the first, from the prefill) in one-token steps.
+    assert passes["large"] == {50: 1.0, 4: 10.0, 5: 10.0, 1: 20.0}
+    # the small model: 20 catch-up passes over 1.5 tokens, 50 further draft steps, the prompt once
+    assert passes["small"] == {50: 1.0, 1: 10.0 + 50, 2: 10.0}
+
+
+def test_the_cost_model_predicts_the_sixty_problem_run_on_its_machine() -> None:
+    saved = json.loads((DATA / "relay-vs-spec-60" / "results.json").read_text())
+    by_mode: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for run in saved["runs"]:
+        by_mode[run["mode"]].append(run)
+    table = table_of(*AVX512_BF16)
+    for mode, formats in (("large", ("bf16", "bf16")), ("large-spec#bf16/int8", ("bf16", "int8"))):
+        runs = by_mode[mode]
+        measured = sum(r["seconds"] for r in runs) / sum(r["completion_tokens"] for r in runs)
+        predicted = seconds_per_token(work_from_runs(runs), table, dict(zip(("large", "small"), formats, strict=True)))
+        assert predicted == pytest.approx(measured, rel=0.05), mode
+
+
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_the_choice_per_recorded_machine(machine: str) -> None:
+    paths, expected = MACHINES[machine]
+    choice = choose(MODES, table_of(*paths))
+    assert choice.winner.candidate.name == expected
+    assert choice.winner.candidate.backed
+    assert all(p.seconds_per_answer >= choice.winner.seconds_per_answer * 0.98 for p in choice.ranked
+               if p.candidate.backed)  # fmt: skip
+
+
+def test_where_a_recorded_run_exists_the_choice_is_its_fastest_backed_mode() -> None:
+    """The 60-problem run on the AVX512-BF16 EPYC: of its modes, the backed ones are large and large-spec#bf16/int8
+    (the int8 large model lost answers); the measured faster one is what the tuner picks on that machine's table."""
+    saved = json.loads((DATA / "relay-vs-spec-60" / "results.json").read_text())
+    seconds: dict[str, float] = defaultdict(float)
+    for run in saved["runs"]:
+        if run["problem"] < 20:  # the problems every mode ran
+            seconds[run["mode"]] += run["seconds"]
+    choice = choose(MODES, table_of(*AVX512_BF16))
+    backed = {p.candidate.name for p in choice.ranked if p.candidate.backed}
+    measured_backed = {("large#bf16" if m == "large" else m): s for m, s in seconds.items()}
+    fastest = min((s, m) for m, s in measured_backed.items() if m in backed)[1]
+    assert fastest == choice.winner.candidate.name == "large-spec#bf16/int8"
+
+
+def test_accuracy_backing_follows_the_rules() -> None:
+    candidates = {c.name: c for c in expand(MODES, table_of(*AVX512_BF16))}
+    assert not candidates["large#int8"].backed  # lost more than MAX_LOST_PROBLEMS in 20
+    assert not candidates["large-spec#int8"].backed  # the int8 large model decides every token
+    assert candidates["large-spec#bf16/int8"].backed  # lossless by construction, whatever the drafter's format
+    verified = candidates["relay+verify@prob:0.2#bf16"]
+    assert verified.backed and "37/60" in verified.why  # evidence: as many solved as large on 60
+    assert not candidates["relay-spec#bf16"].backed  # plain relay lost answers, on too few problems
+    assert MAX_LOST_PROBLEMS == 2
+
+
+def test_profile_modes_come_from_the_runs_they_name() -> None:
+    modes = modes_from_results([(DATA / "relay-vs-spec-60" / "results.json", ["large", "large-spec#bf16/int8"])])
+    assert set(modes) == {"large#bf16", "large-spec#bf16/int8"}
+    spec = modes["large-spec#bf16/int8"]
+    assert spec.evidence is not None and (spec.evidence.solved, spec.evidence.reference_solved) == (36, 39)
+    assert spec.draft_vocab == 32768 and spec.work.runs == 60
+    assert MODES["large-spec#bf16/int8"].work.to_json() == spec.work.to_json()  # the shipped profile holds it
+
+
+class ScriptedTimer:
+    """Pass costs from a formula; counts every pass it is asked to time."""
+
+    def __init__(self) -> None:
+        self.loads: list[tuple[str, str]] = []
+        self.passes = 0
+
+    def load(self, role: str, fmt: str) -> None:
+        self.loads.append((role, fmt))
+        self.current = (role, fmt)
+
+    def time_pass(self, positions: int) -> float:
+        self.passes += 1
+        step = {"large": 0.3, "small": 0.06}[self.current[0]] * (0.5 if self.current[1] == "int8" else 1.0)
+        return step * (1 + 0.05 * (positions - 1))
+
+    def close(self) -> None:
+        pass
+
+
+def test_first_use_measures_once_and_is_cached(tmp_path: Path) -> None:
+    timer = ScriptedTimer()
+    first = tune_pair("demo", PROFILE, torch.device("cpu"), timer=timer, home=tmp_path, show_progress=False)
+    assert not first.cached and timer.passes > 0 and len(timer.loads) == 4
+    assert first.path == cache_path("demo", first.machine, tmp_path) and first.path.is_file()
+    measured = timer.passes
+    second = tune_pair("demo", PROFILE, torch.device("cpu"), timer=timer, home=tmp_path, show_progress=False)
+    assert second.cached and timer.passes == measured  # nothing measured the second time
+    assert second.choice.winner.candidate.name == first.choice.winner.candidate.name
+    third = tune_pair("demo", PROFILE, torch.device("cpu"), timer=timer, home=tmp_path, refresh=True,
+                      show_progress=False)  # fmt: skip
+    assert not third.cached and timer.passes == 2 * measured
+
+
+def test_the_budget_cuts_the_plan_and_the_cut_is_remembered(tmp_path: Path) -> None:
+    now = [0.0]
+    timer = ScriptedTimer()
+    original = timer.time_pass
+
+    def ticking(positions: int) -> float:
+        seconds = original(positions)
+        now[0] += seconds
+        return seconds
+
+    timer.time_pass = ticking  # type: ignore[method-assign]
+    table = measure_pass_costs(timer, [("large", "bf16"), ("small", "int8"), ("large", "fp32")], budget_seconds=2.0,
+                               clock=lambda: now[0])  # fmt: skip
+    # large bf16 stops before 16 positions (expected to overrun), small int8 fits whole, fp32 gets only its warm-up
+    assert sorted(table.costs["large"]["bf16"].seconds) == [1, 2, 4, 8]
+    assert sorted(table.costs["small"]["int8"].seconds) == [1, 2, 4, 8, 16, 32]
+    assert not table.has("large", "fp32") and now[0] <= 2.0 + 0.3
+
+
+def test_an_explicit_setting_or_tune_off_never_measures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr("relaygen_integrations.tune.tuner.tune_pair", lambda *a, **k: calls.append("tuned"))
+    monkeypatch.setenv("RELAYGEN_TUNE", "on")
+    cpu = torch.device("cpu")
+    explicit = configure_pair("demo", cpu, {"dtype": "bf16", "mode": "auto"})
+    assert explicit.source == "profile" and explicit.dtype == "bf16" and explicit.mode == "large" and not calls
+    monkeypatch.setenv("RELAYGEN_TUNE", "off")
+    assert configure_pair("demo", cpu, {}) == PairConfiguration.shipped("demo", cpu) and not calls
+    assert configure_pair(None, cpu, {}).source == "generic" and not calls
+
+
+def test_tuning_picks_the_winner_as_the_engine_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAYGEN_TUNE", "on")
+    monkeypatch.setenv("RELAYGEN_HOME", str(tmp_path))
+    machine_table = table_of("tune-avx2-epyc/pass_cost.json")
+    machine_table.machine = {"plan": ["large:bf16", "small:int8", "small:bf16", "large:fp32"]}
+    from relaygen_integrations.tune.machine import this_machine
+
+    machine_table.save(cache_path("demo", this_machine("cpu"), tmp_path))
+    configuration = configure_pair("demo", torch.device("cpu"), {"mode": "auto", "dtype": "auto"})
+    assert configuration.source == "tuned" and configuration.candidate == "large#bf16"
+    assert (configuration.mode, configuration.speculative, configuration.dtype) == ("large", False, "bf16")
+
+
+def test_configurations_map_candidates_to_engine_settings() -> None:
+    candidates = {c.name: c for c in expand(MODES, table_of(*AVX512_BF16))}
+    spec = PairConfiguration.from_candidate(candidates["large-spec#bf16/int8"], 2.6, "m")
+    assert (spec.mode, spec.speculative, spec.dtype, spec.draft_vocab) == ("large", True, "bf16/int8", 32768)
+    verified = PairConfiguration.from_candidate(candidates["relay+verify@prob:0.2#bf16"], 1.0, "m")
+    assert (verified.mode, verified.speculative, verified.verify, verified.dtype) == ("relay", False, "prob:0.2",
+                                                                                     "bf16")  # fmt: skip
+    shipped = PairConfiguration.shipped("demo", torch.device("cpu"))
+    assert (shipped.mode, shipped.speculative, shipped.dtype, shipped.verify, shipped.draft_vocab) == (
+        "large", True, "bf16/int8", "prob:0.2", 32768)  # fmt: skip
+    assert PairConfiguration.shipped("demo", torch.device("cuda")).dtype == "auto"  # bf16 (no CUDA entry)
+
+
+def test_the_real_timer_times_a_model_and_leaves_its_context_as_it_was(tokenizer) -> None:
+    from helpers import tiny_qwen2
+
+    model = tiny_qwen2(tokenizer, seed=0)
+    timer = ModelPassTimer(lambda role, fmt: model, context=16)
+    table = measure_pass_costs(timer, [("large", "fp32")], positions=(1, 4), budget_seconds=30)
+    assert set(table.costs["large"]["fp32"].seconds) == {1, 4}
+    assert all(s > 0 for s in table.costs["large"]["fp32"].seconds.values())
+    timer.load("large", "fp32")
+    timer.time_pass(4)
+    assert timer.cache.get_seq_length() == 16  # type: ignore[attr-defined]
