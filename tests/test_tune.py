@@ -231,3 +231,19 @@ def test_the_real_timer_times_a_model_and_leaves_its_context_as_it_was(tokenizer
     timer.load("large", "fp32")
     timer.time_pass(4)
     assert timer.cache.get_seq_length() == 16  # type: ignore[attr-defined]
+
+
+def test_the_configuration_reaches_every_result(tokenizer) -> None:
+    from helpers import tiny_qwen2
+
+    from relaygen_integrations.engine.engine import RelayEngine
+    from relaygen_integrations.llama_index.events import _raw
+
+    large, small = tiny_qwen2(tokenizer, seed=0), tiny_qwen2(tokenizer, seed=1)
+    engine = RelayEngine.from_models(large, small, tokenizer, mode="large")
+    assert engine.generate_ids([1, 2, 3], max_new_tokens=2).configuration is None
+    engine.configuration = PairConfiguration(mode="large", source="tuned", candidate="large#bf16")
+    result = engine.generate_ids([1, 2, 3], max_new_tokens=2)
+    assert result.relay_metadata()["configuration"]["candidate"] == "large#bf16"  # LangChain's response_metadata
+    assert _raw(result)["configuration"]["source"] == "tuned"  # LlamaIndex's raw
+    assert sum(result.usage.passes["large"].values()) >= 2  # the prefill and a step, by size

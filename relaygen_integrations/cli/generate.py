@@ -215,6 +215,10 @@ def run_demo(args: argparse.Namespace) -> int:
     console.rule("GSM8K question")
     console.print(record["question"], highlight=False)
     console.print(legend(engine.large_name, engine.small_name))
+    if engine.configuration is not None and engine.configuration.source == "tuned":
+        predicted = engine.configuration.predicted_speedup
+        console.print(f"[dim]configuration tuned for this machine: {engine.configuration.candidate} (predicted "
+                      f"{predicted:.2f}x the large model alone; relaygen tune --explain says why)[/dim]")  # fmt: skip
     shown: dict[str, RelayResult] = {}
     for name, run in runs:
         console.rule(f"{name} (reference answer: {reference})")

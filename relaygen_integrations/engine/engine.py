@@ -73,8 +73,7 @@ class RelayEngine:
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
-        # Where the defaults came from (``tune/configuration.py``); None unless ``from_pretrained`` built it.
-        self.configuration: PairConfiguration | None = None
+        self.configuration: PairConfiguration | None = None  # where the defaults came from (from_pretrained)
         self.pair_name = pair_name
         self.cues = cues if isinstance(cues, CueSet) else resolve_cues(cues, pair_name)
         config = policy_config(policy)
@@ -153,18 +152,16 @@ class RelayEngine:
         """Loads both models (a known pair name such as ``"demo"``, a local directory, or a hub id).
 
         The tokenizer and chat template come from the large model; the small model's tokenizer must agree with it.
-        ``mode`` / ``verify`` / ``draft_vocab`` / ``speculative`` / ``dtype`` all ``"auto"`` (the default): the
-        configuration tuned for this machine for a known pair (``tune/``: its pass costs measured at first use,
-        cached, priced against the pair's benchmarked modes; the fastest accuracy-backed one wins), else - tuning
-        off (``RELAYGEN_TUNE=off``) or any of them given - the pair's shipped profile entries for the rest, else
-        relay / none / the whole vocabulary / off / bf16. ``engine.configuration`` says which and why. ``dtype``
-        may give each model its own format: ``"bf16/int8"`` (large/small) or ``{"large": "bf16", "small": "int8"}``.
+        ``mode`` / ``verify`` / ``draft_vocab`` / ``speculative`` / ``dtype`` all ``"auto"``: a known pair's
+        configuration tuned for this machine (``tune/``: the fastest accuracy-backed one), else (``RELAYGEN_TUNE=off``
+        or any given) the profile's for the rest (``engine.configuration`` says which). ``dtype`` may give each
+        model its own format: ``"bf16/int8"`` (large/small) or ``{"large": "bf16", "small": "int8"}``.
         """
         from ..tune.configuration import configure_pair  # deferred: tuning loads the registry's models
 
         torch_device = pick_device(device)
-        explicit = dict(mode=mode, speculative=speculative, verify=verify, dtype=dtype, draft_vocab=draft_vocab)
-        configuration = configure_pair(known_pair(large, small), torch_device, explicit)
+        given = dict(mode=mode, speculative=speculative, verify=verify, dtype=dtype, draft_vocab=draft_vocab)
+        configuration = configure_pair(known_pair(large, small), torch_device, given)
         formats = configuration.dtype if isinstance(dtype, str) and dtype == "auto" else dtype
         loaded = load_pair(large, small, torch_device, formats, trust_remote_code, allow_pickle)
         large_model, small_model, tokenizer, pair_name = loaded.large, loaded.small, loaded.tokenizer, loaded.pair_name
@@ -366,7 +363,10 @@ class RelayEngine:
                 self.tokenizer, plan.prompt_ids, policy, plan.stop, self.eos_ids, plan.max_new_tokens,
                 plan.verify, plan.logprobs,
             )  # fmt: skip
-            yield from drive(transcript, self.backend.open(plan, transcript), cancel)
+            for event in drive(transcript, self.backend.open(plan, transcript), cancel):
+                if isinstance(event, FinalEvent) and self.configuration is not None:
+                    event.result.configuration = self.configuration.describe()
+                yield event
 
     def stream_ids(
         self,

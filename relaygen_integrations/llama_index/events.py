@@ -52,7 +52,8 @@ class RelaySwitchEvent(BaseEvent):
 def _raw(result: RelayResult) -> dict[str, Any]:
     """``raw["usage"]`` carries prompt/completion/total tokens under the names TokenCountingHandler reads, so it
     counts the engine's exact numbers instead of re-tokenizing with its own tokenizer."""
-    return {"usage": result.usage.to_dict(), "finish_reason": result.finish_reason}
+    configuration = {"configuration": result.configuration} if result.configuration is not None else {}
+    return {"usage": result.usage.to_dict(), "finish_reason": result.finish_reason} | configuration
 
 
 def _logprobs(entries: Sequence[TokenLogprob] | None) -> list[list[LogProb]] | None:

@@ -147,10 +147,14 @@ class RelayResult:
     token_ends: list[int] = field(default_factory=list)
     # One entry per completion token when the request asked for ``logprobs``; None when it did not.
     logprobs: list[TokenLogprob] | None = None
+    # The engine's configuration that ran it (``tune/configuration.py``: tuned for this machine, or the profile's);
+    # None for an engine built over the caller's own models.
+    configuration: dict[str, Any] | None = None
 
     def relay_metadata(self) -> dict[str, Any]:
         """The per-model summary adapters attach to messages (JSON-safe)."""
-        return {
+        configuration = {"configuration": self.configuration} if self.configuration is not None else {}
+        return configuration | {
             "spans": [span.to_dict() for span in self.spans],
             "large_tokens": self.usage.large_tokens,
             "small_tokens": self.usage.small_tokens,
