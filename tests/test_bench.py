@@ -435,3 +435,37 @@ def test_a_mode_may_run_in_other_weight_formats_in_the_same_run(tmp_path, tokeni
     assert runs["large-spec#bf16/int8"]["draft_tokens"] > 0
     with pytest.raises(ValueError, match=r"benchmark mode 'large#int4'.*the large model's dtype"):
         run_benchmark(config.model_copy(update={"modes": ["large", "large#int4"]}), engine=engine)
+
+
+def test_each_mode_is_predicted_beside_the_measured_where_the_machine_was_tuned(tmp_path, tokenizer):
+    """A run on a tuned machine keeps its pass costs: each mode's own recorded passes priced with them stand beside
+    its measured seconds per token, in results.json and report.md, and survive a rerender."""
+    from helpers import tiny_qwen2
+
+    large, small = tiny_qwen2(tokenizer, seed=1), tiny_qwen2(tokenizer, seed=2)
+    engine = RelayEngine.from_models(large, small, tokenizer, cues="generic")
+    costs = {"seconds": {role: {"fp32": {"1": 0.01, "8": 0.02}} for role in ("large", "small")}}
+    config = BenchConfig(n=1, modes=["large", "large-spec"], max_new_tokens=8, out=tmp_path, dtype="fp32")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("relaygen_integrations.bench.run.machine_pass_costs", lambda large, small: costs)
+        report = run_benchmark(config, engine=engine)
+    runs = {r["mode"]: r for r in report["runs"]}
+    assert runs["large-spec"]["passes"]["large"] and runs["large-spec"]["passes"]["small"]
+    large_run = runs["large"]
+    steps = sum(large_run["passes"]["large"].values())
+    assert steps == large_run["completion_tokens"]  # the prefill, then one step per token but the first
+    predicted = report["predicted"]["large"]["predicted_s_per_token"]
+    by_size = {int(k): n for k, n in large_run["passes"]["large"].items()}
+    expected = sum(n * (0.01 if k == 1 else 0.01 + (0.02 - 0.01) / 7 * (k - 1)) for k, n in by_size.items())
+    assert predicted == pytest.approx(expected / large_run["completion_tokens"] + 0.001)
+    assert "Predicted against measured" in (tmp_path / "report.md").read_text()
+    (tmp_path / "report.md").unlink()
+    assert rerender(tmp_path)["predicted"] == report["predicted"]
+    assert "Predicted against measured" in (tmp_path / "report.md").read_text()
+
+
+def test_machine_pass_costs_are_not_read_while_tuning_is_off(monkeypatch):
+    from relaygen_integrations.bench.predicted import machine_pass_costs
+
+    monkeypatch.setenv("RELAYGEN_TUNE", "off")
+    assert machine_pass_costs("demo", "demo") is None

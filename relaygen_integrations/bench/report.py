@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..prompts import MATH_SYSTEM_PROMPT
+from .predicted import render_predicted
 from .summary import is_relay_mode, paired_accuracy_gain, pareto_front
 
 
@@ -142,6 +143,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 cells += ["", "", ""]
             lines.append("| " + " | ".join(cells) + " |")
     lines += render_time_split(summary)
+    lines += render_predicted(report)
     lines += render_paired(summary)
     lines += ["", "![speed vs accuracy](speed_accuracy.png)", ""]
     return "\n".join(lines)

@@ -31,6 +31,7 @@ from ..engine.local.weights import pick_pair_weights, shipped_dtype
 from ..prompts import answers_match as answers_match
 from ..prompts import extract_answer as extract_answer
 from ..prompts import gsm8k_reference_answer, load_gsm8k, math_messages
+from .predicted import AUTO_MODES, auto_modes, machine_pass_costs, predicted_rows
 from .report import plot_speed_accuracy as plot_speed_accuracy
 from .report import render_markdown as render_markdown
 from .report import render_traces as render_traces
@@ -241,6 +242,11 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
         config.large, config.small, cues=config.cues, dtype=config.dtype, kv_cache=config.kv_cache,
         compile=config.compile, draft_vocab=config.draft_vocab,
     )  # fmt: skip
+    if AUTO_MODES in config.modes:  # the tuner's top candidates on this machine, beside large
+        auto = auto_modes(config.large, config.small)
+        expanded = [m for name in config.modes for m in (auto if name == AUTO_MODES else [name])]
+        config = config.model_copy(update={"modes": list(dict.fromkeys(expanded))})
+        console.print(f"--modes auto: {', '.join(config.modes)}")
     if config.concurrency > 1 and engine.backend.serialized:
         raise ValueError(f"concurrency={config.concurrency}: the {engine.backend.kind} backend runs one request at "
                          "a time; concurrent requests need a remote backend (endpoints)")  # fmt: skip
@@ -254,7 +260,8 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
     runs, saved_modes = load_completed_runs(config) if config.resume else ([], [])
     done = {(r.problem, r.mode) for r in runs}
     report_modes = list(dict.fromkeys([*saved_modes, *config.modes]))
-    report: dict[str, Any] = make_report(config, runs, report_modes) if runs else {}
+    tuned = {"pass_costs": machine_pass_costs(config.large, config.small), "configurations": configurations}
+    report: dict[str, Any] = make_report(config, runs, report_modes, tuned) if runs else {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("benchmark", total=len(records) * len(config.modes))
@@ -279,7 +286,7 @@ def run_benchmark(config: BenchConfig, console: Console | None = None, engine: R
                     )
                     progress.advance(task)
                 # Outputs are rewritten after every run: an interrupted benchmark keeps everything it measured.
-                report = make_report(config, runs, report_modes)
+                report = make_report(config, runs, report_modes, tuned)
                 write_outputs(report, config.out)
     return report
 
@@ -330,16 +337,30 @@ def load_completed_runs(config: BenchConfig) -> tuple[list[Run], list[str]]:
     return [r for r in runs if r.problem < config.n], list(saved["config"]["modes"])
 
 
-def make_report(config: BenchConfig, runs: list[Run], modes: list[str] | None = None) -> dict[str, Any]:
+def make_report(
+    config: BenchConfig, runs: list[Run], modes: list[str] | None = None, tuned: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The saved report. ``tuned``: this machine's pass costs (``pass_costs``) and the default's configuration
+    (``configurations``), when the tuner measured this machine: each mode's predicted seconds per token is then
+    reported beside the measured (``predicted.py``)."""
     modes = [m for m in (modes or config.modes) if any(r.mode == m for r in runs)]
     summary = summarize(runs, modes)
-    return {
+    report = {
         "config": json.loads(config.model_dump_json()) | {"modes": modes},
         "machine": machine_info(config),
         "summary": summary,
         "problems_done": len({r.problem for r in runs}),
         "runs": [asdict(r) for r in runs],
     }
+    if tuned and tuned.get("pass_costs"):
+        configurations = tuned.get("configurations") or {}
+        formats = weights_name(config.dtype, config)
+        report |= {
+            "pass_costs": tuned["pass_costs"],
+            "configurations": configurations,
+            "predicted": predicted_rows(runs, modes, tuned["pass_costs"], formats, configurations),
+        }
+    return report
 
 
 def rerender(out: Path) -> dict[str, Any]:
@@ -348,7 +369,8 @@ def rerender(out: Path) -> dict[str, Any]:
     saved = json.loads((out / "results.json").read_text())
     config = BenchConfig(**saved["config"])
     runs = [Run(**run) for run in saved["runs"]]
-    report = make_report(config, runs)
+    tuned = {key: saved[key] for key in ("pass_costs", "configurations") if key in saved}
+    report = make_report(config, runs, tuned=tuned)
     report["machine"] = saved["machine"]  # the machine that measured, not the one re-rendering
     write_outputs(report, out)
     return report

@@ -1,0 +1,120 @@
+"""The tuner beside the benchmark: each mode's predicted seconds per token next to the measured, and ``--modes auto``.
+
+A run on a machine the tuner has measured (``relaygen tune``: ``$RELAYGEN_HOME/tune/``) keeps that machine's pass
+costs in its ``results.json`` (``pass_costs``), so its report - rerendered anywhere - prices each mode's own work
+(``tune/work.py``: its passes per token, recorded by every run) with them: a check of the cost model on every run.
+``--modes auto`` runs ``large`` and the tuner's fastest accuracy-backed candidates on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..engine.core.cues import shipped_profile
+from ..engine.core.pairs import known_pair
+from ..tune.candidates import split_mode
+from ..tune.cost_model import seconds_per_token
+from ..tune.costs import PassCostTable
+from ..tune.work import work_from_runs
+from .summary import Run
+
+AUTO_MODES = "auto"
+AUTO_CANDIDATES = 3  # the tuner's fastest backed candidates that ``--modes auto`` runs beside ``large``
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def machine_pass_costs(large: str, small: str) -> dict[str, Any] | None:
+    """This machine's cached pass-cost table for the pair (as saved); None when it was never tuned here, or tuning
+    is off (``RELAYGEN_TUNE=off``)."""
+    from ..tune.machine import this_machine
+    from ..tune.tuner import cache_path, tuning_enabled
+
+    pair = known_pair(large, small)
+    if pair is None or not tuning_enabled():
+        return None
+    path = cache_path(pair, this_machine(_device()))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def auto_modes(large: str, small: str) -> list[str]:
+    """``large`` and the tuner's fastest backed candidates on this machine (tuning it first if it never was), as
+    benchmark modes; candidates the benchmark cannot name (``+compile`` formats) are left out."""
+    from ..tune.tuner import tune_pair
+
+    pair = known_pair(large, small)
+    profile_path = shipped_profile(pair)
+    if pair is None or profile_path is None:
+        raise ValueError("--modes auto needs a known pair with a profile (e.g. demo)")
+    profile = json.loads(profile_path.read_text(encoding="utf-8"))
+    choice = tune_pair(pair, profile, _device()).choice
+    picked: list[str] = []
+    for priced in choice.ranked:
+        candidate = priced.candidate
+        if not candidate.backed or "+compile" in candidate.name or len(picked) == AUTO_CANDIDATES:
+            continue
+        base, _, formats = candidate.name.partition("#")
+        vocab = f"@{candidate.draft_vocab}" if candidate.draft_vocab and "@" not in base else ""
+        picked.append(f"{base}{vocab}#{formats}")
+    return ["large", *[m for m in picked if m.split("#")[0] != "large" or m.split("#")[1] != "bf16"]]
+
+
+def predicted_rows(
+    runs: Sequence[Run],
+    modes: Sequence[str],
+    pass_costs: Mapping[str, Any],
+    run_formats: str,
+    configurations: Mapping[str, Mapping[str, Any]],
+) -> dict[str, dict[str, float]]:
+    """Per mode: its runs' work priced with ``pass_costs`` against its measured seconds per token."""
+    table = PassCostTable.from_json(pass_costs)
+    rows: dict[str, dict[str, float]] = {}
+    for mode in modes:
+        mode_runs = [r for r in runs if r.mode == mode and r.passes]
+        tokens = sum(r.completion_tokens for r in mode_runs)
+        if not mode_runs or not tokens:
+            continue
+        formats = str(configurations.get(mode, {}).get("dtype", run_formats))
+        _, large, small = split_mode(mode if "#" in mode else f"{mode}#{formats}")
+        if configurations.get(mode, {}).get("compile"):
+            large, small = f"{large}+compile", f"{small}+compile"
+        work = work_from_runs([{"passes": r.passes, "completion_tokens": r.completion_tokens} for r in mode_runs])
+        predicted = seconds_per_token(work, table, {"large": large, "small": small})
+        if predicted is None:
+            continue
+        measured = sum(r.seconds for r in mode_runs) / tokens
+        rows[mode] = {"predicted_s_per_token": predicted, "measured_s_per_token": measured,
+                      "ratio": predicted / measured}  # fmt: skip
+    return rows
+
+
+def render_predicted(report: Mapping[str, Any]) -> list[str]:
+    rows = report.get("predicted") or {}
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Predicted against measured (the tuner's cost model)",
+        "",
+        "Each mode's own work (its forward passes by size, per token) priced with this machine's pass costs "
+        "(`relaygen tune`), against its measured seconds per token.",
+        "",
+        "| mode | predicted ms/token | measured ms/token | predicted / measured |",
+        "|---|---|---|---|",
+    ]
+    for mode, row in rows.items():
+        lines.append(f"| {mode} | {row['predicted_s_per_token'] * 1000:.1f} | "
+                     f"{row['measured_s_per_token'] * 1000:.1f} | {row['ratio']:.2f} |")  # fmt: skip
+    configurations = report.get("configurations") or {}
+    if "default" in configurations:
+        lines += ["", f"`default` ran the engine's own configuration: `{json.dumps(configurations['default'])}`."]
+    return lines
