@@ -202,10 +202,11 @@ def test_a_static_cache_drafts_over_a_subset_exactly_too(tokenizer, pair, cues):
 def test_the_demo_pair_ships_the_draft_vocabulary_its_benchmark_chose():
     import json
 
+    from relaygen_integrations.engine.core.configuration import PairConfiguration
     from relaygen_integrations.engine.core.cues import shipped_profile
-    from relaygen_integrations.engine.local.draft_head import shipped_draft_vocab
 
     profile = json.loads(shipped_profile("demo").read_text(encoding="utf-8"))
-    assert shipped_draft_vocab("demo") == profile["draft_vocab"]["size"] > 0
+    assert PairConfiguration.shipped("demo").draft_vocab == profile["draft_vocab"]["size"] > 0
     assert profile["draft_vocab"]["benchmark"].startswith("benchmarks/data/")  # where the choice is measured
-    assert shipped_draft_vocab(None) is None and shipped_draft_vocab("no-such-pair") is None
+    assert PairConfiguration.shipped(None).draft_vocab is None
+    assert PairConfiguration.shipped("no-such-pair").draft_vocab is None

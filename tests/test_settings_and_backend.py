@@ -198,15 +198,9 @@ def test_without_a_small_model_the_default_is_the_large_model_and_relay_is_refus
     assert refused.value.field == "mode"
 
 
-def test_a_known_pair_ships_its_default_mode(monkeypatch):
-    from relaygen_integrations.engine.core import policy
+def test_a_known_pair_ships_its_default_mode():
+    from relaygen_integrations.engine.core.configuration import PairConfiguration
 
-    monkeypatch.setattr(policy, "profile_entry", lambda pair, key: {"mode": "large"} if pair == "p" else None)
-    assert policy.shipped_mode("p") == "large"
-    assert policy.shipped_mode(None) == policy.shipped_mode("other") == "relay"
-    monkeypatch.setattr(policy, "profile_entry", lambda pair, key: {"mode": "nonsense"})
-    assert policy.shipped_mode("p") == "relay"  # an entry naming no mode is ignored, not passed on
-    from relaygen_integrations.engine.core.policy import shipped_mode
-
-    monkeypatch.undo()
-    assert shipped_mode("demo") == "large"  # the shipped demo profile (docs/benchmarks.md#the-60-problem-run)
+    assert PairConfiguration.shipped(None).mode == PairConfiguration.shipped("other").mode == "relay"
+    # the shipped demo profile (docs/benchmarks.md#the-60-problem-run)
+    assert PairConfiguration.shipped("demo").mode == "large"

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 
+from relaygen_integrations.engine.core.configuration import PairConfiguration
 from relaygen_integrations.engine.core.cues import shipped_profile
 from relaygen_integrations.tune.candidates import MAX_LOST_PROBLEMS, expand
 from relaygen_integrations.tune.choose import choose
-from relaygen_integrations.tune.configuration import PairConfiguration, configure_pair
+from relaygen_integrations.tune.configuration import configuration_for, configure_pair
 from relaygen_integrations.tune.cost_model import seconds_per_token
 from relaygen_integrations.tune.costs import PassCostTable, interpolate
 from relaygen_integrations.tune.measure import ModelPassTimer, measure_pass_costs
@@ -190,7 +191,7 @@ def test_an_explicit_setting_or_tune_off_never_measures(tmp_path: Path, monkeypa
     explicit = configure_pair("demo", cpu, {"dtype": "bf16", "mode": "auto"})
     assert explicit.source == "profile" and explicit.dtype == "bf16" and explicit.mode == "large" and not calls
     monkeypatch.setenv("RELAYGEN_TUNE", "off")
-    assert configure_pair("demo", cpu, {}) == PairConfiguration.shipped("demo", cpu) and not calls
+    assert configure_pair("demo", cpu, {}) == PairConfiguration.shipped("demo", "cpu") and not calls
     assert configure_pair(None, cpu, {}).source == "generic" and not calls
 
 
@@ -209,15 +210,15 @@ def test_tuning_picks_the_winner_as_the_engine_configuration(tmp_path: Path, mon
 
 def test_configurations_map_candidates_to_engine_settings() -> None:
     candidates = {c.name: c for c in expand(MODES, table_of(*AVX512_BF16))}
-    spec = PairConfiguration.from_candidate(candidates["large-spec#bf16/int8"], 2.6, "m")
+    spec = configuration_for(candidates["large-spec#bf16/int8"], 2.6, "m")
     assert (spec.mode, spec.speculative, spec.dtype, spec.draft_vocab) == ("large", True, "bf16/int8", 32768)
-    verified = PairConfiguration.from_candidate(candidates["relay+verify@prob:0.2#bf16"], 1.0, "m")
+    verified = configuration_for(candidates["relay+verify@prob:0.2#bf16"], 1.0, "m")
     assert (verified.mode, verified.speculative, verified.verify, verified.dtype) == ("relay", False, "prob:0.2",
                                                                                      "bf16")  # fmt: skip
-    shipped = PairConfiguration.shipped("demo", torch.device("cpu"))
+    shipped = PairConfiguration.shipped("demo", "cpu")
     assert (shipped.mode, shipped.speculative, shipped.dtype, shipped.verify, shipped.draft_vocab) == (
         "large", True, "bf16/int8", "prob:0.2", 32768)  # fmt: skip
-    assert PairConfiguration.shipped("demo", torch.device("cuda")).dtype == "auto"  # bf16 (no CUDA entry)
+    assert PairConfiguration.shipped("demo", "cuda").dtype == "auto"  # bf16 (no CUDA entry)
 
 
 def test_the_real_timer_times_a_model_and_leaves_its_context_as_it_was(tokenizer) -> None:

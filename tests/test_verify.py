@@ -13,8 +13,9 @@ from helpers import PROMPT, scripted_engine, tiny_qwen2
 
 from relaygen_integrations import FinalEvent, RelayEngine, SwitchEvent, TextEvent
 from relaygen_integrations.engine import GenerationError, SettingsError, merge_settings
+from relaygen_integrations.engine.core.configuration import PairConfiguration
 from relaygen_integrations.engine.core.cues import shipped_profile
-from relaygen_integrations.engine.core.verify import VerifyRule, shipped_verify_rule
+from relaygen_integrations.engine.core.verify import VerifyRule
 
 LARGE = "We add two and three. So the answer is five. Then we are done."
 WRONG = "We add two and three. So the answer is nine. Then we are done."  # one wrong word, of the same length
@@ -194,7 +195,7 @@ def test_the_engine_default_rule_applies_to_requests_that_leave_verify_unset(tok
 
 def test_the_demo_pair_ships_the_rule_its_benchmark_chose():
     profile = json.loads(shipped_profile("demo").read_text(encoding="utf-8"))
-    rule = shipped_verify_rule("demo")
-    assert rule is not None and rule.spec == profile["verify"]["rule"]
+    rule = PairConfiguration.shipped("demo").verify
+    assert rule is not None and VerifyRule.parse(rule).spec == profile["verify"]["rule"]
     assert profile["verify"]["benchmark"].startswith("benchmarks/data/")  # where the choice is measured
-    assert shipped_verify_rule(None) is None and shipped_verify_rule("no-such-pair") is None
+    assert PairConfiguration.shipped(None).verify is None and PairConfiguration.shipped("no-such-pair").verify is None

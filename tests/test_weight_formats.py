@@ -214,20 +214,26 @@ def test_from_pretrained_loads_each_model_in_its_own_format(tokenizer, tmp_path)
     assert result.usage.completion_tokens == 8
 
 
-def test_auto_takes_the_formats_and_speculation_a_known_pair_ships(monkeypatch):
-    from relaygen_integrations.engine.core import cues
-    from relaygen_integrations.engine.core.pairs import known_pair
-    from relaygen_integrations.engine.local.speculative import shipped_speculative
-    from relaygen_integrations.engine.local.weights import shipped_dtype
+def test_auto_takes_the_formats_and_speculation_a_known_pair_ships(monkeypatch, tmp_path):
+    import json
 
-    entries = {"dtype": {"cpu": "bf16/int8", "cuda": "bf16", "benchmark": "x"}, "speculative": {"draft": True}}
-    monkeypatch.setattr(cues, "profile_entry", lambda pair, key: entries.get(key) if pair == "demo" else None)
+    from relaygen_integrations.engine.core import configuration
+    from relaygen_integrations.engine.core.configuration import PairConfiguration, pair_formats
+    from relaygen_integrations.engine.core.pairs import known_pair
+
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"dtype": {"cpu": "bf16/int8", "cuda": "bf16", "benchmark": "x"},
+                                   "speculative": {"draft": True}, "mode": {"mode": "nonsense"}}))  # fmt: skip
+    monkeypatch.setattr(configuration, "shipped_profile", lambda pair: profile if pair == "demo" else None)
     assert known_pair("demo", "demo:small") == "demo" and known_pair("demo", "/some/dir") is None
-    assert shipped_dtype("demo", torch.device("cpu"), "auto") == "bf16/int8"
-    assert shipped_dtype("demo", torch.device("cuda"), "auto") == "bf16"
-    assert shipped_dtype("demo", torch.device("cpu"), "fp32") == "fp32"  # an explicit choice wins
-    assert shipped_dtype(None, torch.device("cpu"), "auto") == "auto"  # bf16 for an unknown pair
-    assert shipped_speculative("demo") is True and shipped_speculative(None) is False
+    assert pair_formats("demo", "cpu", "auto") == "bf16/int8"
+    assert pair_formats("demo", "cuda", "auto") == "bf16"
+    assert pair_formats("demo", "cpu", "fp32") == "fp32"  # an explicit choice wins
+    assert pair_formats(None, "cpu", "auto") == "auto"  # bf16 for an unknown pair
+    assert (
+        PairConfiguration.shipped("demo").speculative is True and PairConfiguration.shipped(None).speculative is False
+    )
+    assert PairConfiguration.shipped("demo").mode == "relay"  # an entry naming no mode is ignored, not passed on
 
 
 def test_int8_layers_scale_each_token_alone():

@@ -22,12 +22,13 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..engine.core.configuration import pair_formats
 from ..engine.core.pairs import known_pair
 from ..engine.core.settings import merge_settings
 from ..engine.engine import GenerationError, RelayEngine
 from ..engine.local.cpu import cpu_model_and_flags, isa_limits
 from ..engine.local.kv import CacheOptions, KVCacheKind
-from ..engine.local.weights import pick_pair_weights, shipped_dtype
+from ..engine.local.weights import pick_pair_weights
 from ..prompts import answers_match as answers_match
 from ..prompts import extract_answer as extract_answer
 from ..prompts import gsm8k_reference_answer, load_gsm8k, math_messages
@@ -390,7 +391,7 @@ def weights_name(dtype: str, config: BenchConfig) -> str:
 
 def _canonical_weights(dtype: str, large: str, small: str) -> str:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return pick_pair_weights(shipped_dtype(known_pair(large, small), device, dtype), device).name
+    return pick_pair_weights(pair_formats(known_pair(large, small), device.type, dtype), device).name
 
 
 def machine_info(config: BenchConfig) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import AliasChoices, Field, PrivateAttr, field_validator
 
+from ..engine.core.configuration import PairConfiguration
 from ..engine.core.pairs import known_pair
-from ..engine.core.policy import shipped_mode
 from ..engine.core.settings import GenerationSettings
 from ..engine.core.spans import Mode
 from .setting_fields import settings_model
@@ -95,7 +95,7 @@ class RelayModelFields(SettingFields):  # type: ignore[misc,valid-type]
             return self.mode  # type: ignore[no-any-return]
         if self._engine is not None:
             return self._engine.mode
-        return shipped_mode(known_pair(self.large, self.small))
+        return PairConfiguration.shipped(known_pair(self.large, self.small)).mode  # type: ignore[return-value]
 
     def load_engine(self) -> RelayEngine:
         """The engine handed to the constructor, or the shared one for this pair (loaded on first use)."""

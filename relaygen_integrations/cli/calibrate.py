@@ -127,9 +127,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
 def _verified_inputs(args: argparse.Namespace) -> tuple[Any, Any] | None:
     """(rule, costs) for verified calibration, or None with ``--verify off``; checked before loading."""
     from ..calibrate.verified import costs_from_runs
+    from ..engine.core.configuration import PairConfiguration, pair_formats
     from ..engine.core.pairs import known_pair
-    from ..engine.core.verify import VerifyRule, shipped_verify_rule
-    from ..engine.local.weights import pick_pair_weights, shipped_dtype
+    from ..engine.core.verify import VerifyRule
+    from ..engine.local.weights import pick_pair_weights
 
     if args.verify == "off":
         return None
@@ -137,13 +138,14 @@ def _verified_inputs(args: argparse.Namespace) -> tuple[Any, Any] | None:
         raise SystemExit("relaygen calibrate: verified calibration needs --costs BENCH_DIR and --pass-cost JSON "
                          "measured on this machine (or --verify off for the margin test alone)")  # fmt: skip
     pair = known_pair(args.large, args.small)
-    rule = (shipped_verify_rule(pair) or VerifyRule.parse("greedy")) if args.verify == "auto" else None
+    shipped_rule = PairConfiguration.shipped(pair).verify
+    rule = VerifyRule.parse(shipped_rule or "greedy") if args.verify == "auto" else None
     try:
         rule = rule or VerifyRule.parse(args.verify)
         import torch
 
         device = torch.device("cpu")
-        large_format = pick_pair_weights(shipped_dtype(pair, device, args.dtype), device).large.name
+        large_format = pick_pair_weights(pair_formats(pair, device.type, args.dtype), device).large.name
         bench = json.loads((args.costs / "results.json").read_text())
         costs = costs_from_runs(bench, json.loads(args.pass_cost.read_text()), large_format, args.costs_mode)
     except (ValueError, OSError) as exc:

@@ -102,7 +102,7 @@ def run_tune(args: argparse.Namespace) -> int:
 
     from ..engine.local.loading import pick_device
     from ..tune.choose import choose
-    from ..tune.configuration import PairConfiguration
+    from ..tune.configuration import configuration_for
     from ..tune.costs import PassCostTable
     from ..tune.profile import profiled_modes
     from ..tune.tuner import tune_pair
@@ -127,7 +127,7 @@ def run_tune(args: argparse.Namespace) -> int:
         state = "cached" if tuned.cached else "measured"
         console.print(f"{tuned.machine.describe()}\npass costs {state}: {tuned.path}")
     winner = choice.winner
-    configuration = PairConfiguration.from_candidate(winner.candidate, winner.speedup, machine_key)
+    configuration = configuration_for(winner.candidate, winner.speedup, machine_key)
     if args.explain:
         explain(choice, _measured_per_token(args.measured), console)
     console.print_json(json.dumps(configuration.describe()))

@@ -13,12 +13,13 @@ import contextlib
 import inspect
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .core.backend import Backend, BackendCapabilityError
+from .core.configuration import PairConfiguration
 from .core.cues import CueConfigError, CueSet, resolve_cues
 from .core.guard import EngineBusyError, RequestLock, check_prompt_ids, policy_config
 from .core.loop import drive
@@ -44,9 +45,6 @@ from .local.kv import KVCacheKind, cache_options
 from .local.loading import load_pair, pair_key, pick_device, shared_pair
 from .local.speculative import DEFAULT_DRAFT_CONFIDENCE
 from .local.weights import PairDTypeSpec
-
-if TYPE_CHECKING:
-    from ..tune.configuration import PairConfiguration
 
 __all__ = ["BackendCapabilityError", "EngineBusyError", "GenerationError", "GenerationPlan", "RelayEngine"]
 

@@ -11,7 +11,6 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 # RelayGen's candidate list (paper's calibration candidates; jiwonsong-dev/RelayGen utils/utils.py DEFAULT_CUE_TOKENS).
 PAPER_CANDIDATES: tuple[str, ...] = (
@@ -137,15 +136,6 @@ def shipped_profile(pair_name: str | None) -> Path | None:
         return None
     candidate = resources.files("relaygen_integrations") / "profiles" / f"{pair_name}.json"
     return Path(str(candidate)) if candidate.is_file() else None
-
-
-def profile_entry(pair_name: str | None, key: str) -> Any:
-    """One entry of a known pair's shipped profile (``"verify"``, ``"draft_vocab"``, ``"dtype"``, ...: each chosen
-    from a benchmark run that the entry names), or None when the pair has no profile or the profile no such entry."""
-    profile = shipped_profile(pair_name)
-    if profile is None:
-        return None
-    return json.loads(profile.read_text(encoding="utf-8")).get(key)
 
 
 def resolve_cues(spec: str | list[str] | tuple[str, ...] | CueSet | None, pair_name: str | None = None) -> CueSet:

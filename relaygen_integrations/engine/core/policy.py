@@ -28,8 +28,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .cues import CueSet, has_left_boundary, is_word_char, profile_entry
-from .spans import MODES, Mode, ModelRole
+from .cues import CueSet, has_left_boundary, is_word_char
+from .spans import Mode, ModelRole
 
 PolicyState = Literal["large", "small_sentence", "answer"]
 
@@ -210,12 +210,3 @@ class RelayPolicy:
         if self.segment_tokens >= self.config.max_small_tokens:
             return self._switch("large", len(text), "cap", rollback=False)
         return CONTINUE
-
-
-def shipped_mode(pair_name: str | None) -> Mode:
-    """Who writes by default for a known pair: its shipped profile's ``"mode"`` entry (``{"mode": "large",
-    "benchmark": ..., "why": ...}``, chosen from a benchmark run: on the demo pair no relay mode beat the large model
-    with the small one drafting, ``docs/benchmarks.md``), else ``"relay"``."""
-    entry = profile_entry(pair_name, "mode")
-    value = entry.get("mode") if isinstance(entry, dict) else entry
-    return value if value in MODES else "relay"

@@ -132,14 +132,3 @@ def parse_verify_default(value: object) -> VerifyRule | None:
     """An engine's default rule: what :func:`parse_verify` reads, with None and "off" both meaning none."""
     rule = parse_verify(value)
     return rule or None
-
-
-def shipped_verify_rule(pair_name: str | None) -> VerifyRule | None:
-    """The rule a known pair's shipped profile names under ``"verify"`` (chosen for that pair from a benchmark
-    sweep: ``docs/benchmarks.md``), or None."""
-    from .cues import profile_entry
-
-    spec = profile_entry(pair_name, "verify")
-    if spec is None:
-        return None
-    return parse_verify_default(spec["rule"] if isinstance(spec, dict) else spec)

@@ -193,12 +193,3 @@ def build_draft_head(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
         raise DraftHeadError(f"{type(model).__name__} has no linear output layer to restrict; leave draft_vocab unset")
     ids = draft_vocab_ids(spec, tokenizer, vocab_size)
     return DraftHead(model, ids) if ids is not None else None
-
-
-def shipped_draft_vocab(pair_name: str | None) -> int | None:
-    """The draft vocabulary size a known pair's shipped profile names under ``"draft_vocab"`` (chosen from a
-    benchmark run: ``docs/benchmarks.md``), or None (the whole vocabulary)."""
-    from ..core.cues import profile_entry
-
-    spec = profile_entry(pair_name, "draft_vocab")
-    return int(spec["size"]) if isinstance(spec, dict) else spec

@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..core.configuration import pair_formats
 from ..core.pairs import ModelLoadError, check_tokenizers_match, known_pair, load_tokenizer, resolve_reference
-from .weights import PairDTypeSpec, dtype_tag, pick_pair_weights, pick_weights, quantize_linear_int8, shipped_dtype
+from .weights import PairDTypeSpec, dtype_tag, pick_pair_weights, pick_weights, quantize_linear_int8
 
 Loaded = TypeVar("Loaded")
 
@@ -114,7 +115,7 @@ def load_pair(
 ) -> LoadedPair:
     """Resolves both references (a known pair's roles, local directories, hub ids), checks that their tokenizers
     agree, and loads each model in its format (``dtype="auto"``: the known pair's shipped formats, else bf16)."""
-    weights = pick_pair_weights(shipped_dtype(known_pair(large, small), device, dtype), device)
+    weights = pick_pair_weights(pair_formats(known_pair(large, small), device.type, dtype), device)
     large_ref, pair = resolve_reference(large, "large", dtype_tag(weights.large.source_dtype))
     small_ref, small_pair = resolve_reference(small, "small", dtype_tag(weights.small.source_dtype))
     tokenizer = load_tokenizer(large_ref, trust_remote_code)
@@ -151,7 +152,7 @@ def pair_key(
     formats (``"bfloat16"``, ``"bf16"`` and ``auto`` where it means bf16 share one copy), and the loading options
     given other than at their defaults."""
     torch_device = pick_device(device)
-    weights = pick_pair_weights(shipped_dtype(known_pair(large, small), torch_device, dtype), torch_device)
+    weights = pick_pair_weights(pair_formats(known_pair(large, small), torch_device.type, dtype), torch_device)
     return (large, small, str(torch_device), weights.name, *sorted(options.items()))
 
 

@@ -235,13 +235,3 @@ def speculative_step(
     stats.accepted += accepted
     drafter.update(len(draft_tokens), accepted)
     return committed, target_logits
-
-
-def shipped_speculative(pair_name: str | None) -> bool | int:
-    """Whether a known pair speculates by default: its shipped profile's ``"speculative"`` entry (``{"draft": true
-    or a maximum draft length, "benchmark": ..., "why": ...}``, chosen from a benchmark run), else False."""
-    from ..core.cues import profile_entry
-
-    entry = profile_entry(pair_name, "speculative")
-    value = entry.get("draft", False) if isinstance(entry, dict) else entry
-    return value if isinstance(value, (bool, int)) else False

@@ -129,19 +129,6 @@ def pick_pair_weights(dtype: PairDTypeSpec = "auto", device: torch.device | None
     return PairWeights(*formats)
 
 
-def shipped_dtype(pair_name: str | None, device: torch.device, dtype: PairDTypeSpec) -> PairDTypeSpec:
-    """``dtype="auto"`` for a known pair: the per-model formats its shipped profile names for this device type
-    (``"dtype": {"cpu": "bf16/int8", "cuda": "bf16", "benchmark": ..., "why": ...}``: chosen from a benchmark run
-    that kept the large model's answers); any other spec, or a pair without that entry, as given (``auto``: bf16)."""
-    if not (isinstance(dtype, str) and dtype == "auto"):
-        return dtype
-    from ..core.cues import profile_entry
-
-    entry = profile_entry(pair_name, "dtype")
-    chosen = entry.get(device.type) if isinstance(entry, dict) else entry
-    return chosen if isinstance(chosen, str) else "auto"
-
-
 class RowScaledInt8Linear(DynamicQuantizedLinear):
     """An int8 dynamically quantized linear layer whose activations get one scale per row (token), not one per pass.
 
