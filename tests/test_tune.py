@@ -248,3 +248,30 @@ def test_the_configuration_reaches_every_result(tokenizer) -> None:
     assert result.relay_metadata()["configuration"]["candidate"] == "large#bf16"  # LangChain's response_metadata
     assert _raw(result)["configuration"]["source"] == "tuned"  # LlamaIndex's raw
     assert sum(result.usage.passes["large"].values()) >= 2  # the prefill and a step, by size
+
+
+def test_a_known_pairs_auto_is_a_shared_copy_of_its_own() -> None:
+    """ "auto" may be tuned to formats other than the profile's: an explicit format must never get that engine."""
+    from relaygen_integrations.engine.local.loading import pair_key
+
+    auto = pair_key("demo", "demo", "cpu", "auto", {})
+    assert auto != pair_key("demo", "demo", "cpu", "bf16/int8", {}) and auto == pair_key(
+        "demo", "demo", "cpu", "auto", {}
+    )
+    assert pair_key("org/a", "org/b", "cpu", "auto", {}) == pair_key("org/a", "org/b", "cpu", "bf16", {})
+
+
+def test_relaygen_tune_explains_a_recorded_machine_and_writes_a_profile_entry(tmp_path: Path, capsys) -> None:
+    from relaygen_integrations.cli.main import main
+
+    assert main(["tune", "--costs", str(DATA / "tune-avx2-epyc" / "pass_cost.json"), "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "winner: large#bf16" in out and "large-spec#bf16/int8" in out and "not backed" in out
+    assert '"candidate": "large#bf16"' in out
+    profile = tmp_path / "p.json"
+    profile.write_text("{}")
+    results = DATA / "relay-vs-spec-60" / "results.json"
+    assert main(["tune", "--profile", str(profile), "--profile-from", f"{results}:large,large-spec#bf16/int8"]) == 0
+    written = profiled_modes(json.loads(profile.read_text()))
+    assert set(written) == {"large#bf16", "large-spec#bf16/int8"}
+    assert written["large-spec#bf16/int8"].work.to_json() == MODES["large-spec#bf16/int8"].work.to_json()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,11 @@ def _measured_per_token(path: Path | None) -> dict[str, float]:
 
 def explain(choice: Any, measured: dict[str, float], console: Console) -> None:
     table = Table(title="candidates on this machine (predicted; fastest first)", show_edge=False)
-    for column in ("candidate", "ms/token", "s/answer", "vs large", "measured ms/token", "accuracy", "why"):
-        table.add_column(column, justify="right" if column[0].isdigit() or "/" in column or "vs" in column else "left")
+    table.add_column("candidate", no_wrap=True)
+    for column in ("ms/token", "s/answer", "vs large", "measured ms/token"):
+        table.add_column(column, justify="right")
+    table.add_column("accuracy")
+    table.add_column("why", overflow="fold")
     for priced in choice.ranked:
         candidate = priced.candidate
         mark = "[bold green]> [/]" if priced is choice.winner else "  "
@@ -107,7 +111,8 @@ def run_tune(args: argparse.Namespace) -> int:
     from ..tune.profile import profiled_modes
     from ..tune.tuner import tune_pair
 
-    console = Console()
+    # Piped or redirected, rich would wrap the candidate table at 80 columns: write it whole instead.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     if args.profile_from:
         return _write_profile(args, console)
     profile = json.loads(_profile_path(args).read_text(encoding="utf-8"))

@@ -149,10 +149,15 @@ def pair_key(
     large: str, small: str, device: str | torch.device, dtype: PairDTypeSpec, options: Mapping[str, Any]
 ) -> tuple[Any, ...]:
     """What one loaded copy of a pair is: both references, the device ``auto`` resolves to, the canonical per-model
-    formats (``"bfloat16"``, ``"bf16"`` and ``auto`` where it means bf16 share one copy), and the loading options
-    given other than at their defaults."""
+    formats (``"bfloat16"``, ``"bf16"`` and, for a pair that is not a known one, ``auto`` share one copy), and the
+    loading options given other than at their defaults."""
     torch_device = pick_device(device)
-    weights = pick_pair_weights(pair_formats(known_pair(large, small), torch_device.type, dtype), torch_device)
+    pair = known_pair(large, small)
+    if pair is not None and isinstance(dtype, str) and dtype == "auto":
+        # A known pair's "auto" is the configuration tuned for this machine (``tune/``), which may differ from the
+        # profile's formats: it is a copy of its own, so an explicit format never gets a tuned engine by mistake.
+        return (large, small, str(torch_device), "auto", *sorted(options.items()))
+    weights = pick_pair_weights(pair_formats(pair, torch_device.type, dtype), torch_device)
     return (large, small, str(torch_device), weights.name, *sorted(options.items()))
 
 
