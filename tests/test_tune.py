@@ -275,3 +275,17 @@ def test_relaygen_tune_explains_a_recorded_machine_and_writes_a_profile_entry(tm
     written = profiled_modes(json.loads(profile.read_text()))
     assert set(written) == {"large#bf16", "large-spec#bf16/int8"}
     assert written["large-spec#bf16/int8"].work.to_json() == MODES["large-spec#bf16/int8"].work.to_json()
+
+
+def test_bench_auto_modes_are_large_and_the_tuners_top_backed_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    from relaygen_integrations.bench import predicted
+
+    class Tuned:
+        choice = choose(MODES, table_of(*AVX512_BF16))
+
+    monkeypatch.setattr("relaygen_integrations.tune.tuner.tune_pair", lambda *args, **kwargs: Tuned())
+    modes = predicted.auto_modes("demo", "demo")
+    # the draft vocabulary the profiled run used is part of the mode's name, so the bench runs what was priced
+    assert modes == ["large", "large-spec@32768#bf16/int8", "large-spec#bf16", "relay+verify@prob:0.2#bf16"]
+    with pytest.raises(ValueError, match="known pair"):
+        predicted.auto_modes("org/a", "org/b")
