@@ -44,14 +44,7 @@ RUNS = {
 
 
 def load_table(spec: str) -> PassCostTable:
-    table = PassCostTable()
-    for part in spec.split("+"):
-        loaded = PassCostTable.load(DATA / part)
-        table.machine = loaded.machine
-        for role, by_format in loaded.costs.items():
-            for fmt, costs in by_format.items():
-                table.put(role, fmt, costs.seconds)
-    return table
+    return PassCostTable.load_layered(*(DATA / part for part in spec.split("+")))
 
 
 def predicted_against_measured(results: Path, table: PassCostTable) -> list[tuple[str, int, float, float]]:

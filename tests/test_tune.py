@@ -30,14 +30,7 @@ MODES = profiled_modes(PROFILE)
 
 def table_of(*paths: str) -> PassCostTable:
     """A machine's table, later files overriding earlier ones (the row-scaled int8 remeasure on the same EPYC)."""
-    table = PassCostTable()
-    for path in paths:
-        part = PassCostTable.load(DATA / path)
-        table.machine = part.machine
-        for role, by_format in part.costs.items():
-            for fmt, costs in by_format.items():
-                table.put(role, fmt, costs.seconds)
-    return table
+    return PassCostTable.load_layered(*(DATA / path for path in paths))
 
 
 AVX512_BF16 = ("pass-cost-avx512bf16/pass_cost.json", "pass-cost-avx512bf16/pass_cost-int8-row-scaled.json")

@@ -100,6 +100,19 @@ class PassCostTable:
     def load(cls, path: str | Path) -> PassCostTable:
         return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
 
+    @classmethod
+    def load_layered(cls, *paths: str | Path) -> PassCostTable:
+        """One machine's table from several files, a later file's (role, format) replacing an earlier one's (a
+        remeasure of one format on the same machine, like the row-scaled int8 of ``pass-cost-avx512bf16``)."""
+        table = cls()
+        for path in paths:
+            part = cls.load(path)
+            table.machine, table.context = part.machine, part.context
+            for role, by_format in part.costs.items():
+                for fmt, costs in by_format.items():
+                    table.put(role, fmt, costs.seconds)
+        return table
+
     def save(self, path: str | Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
