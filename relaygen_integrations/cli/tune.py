@@ -61,15 +61,14 @@ def _write_profile(args: argparse.Namespace, console: Console) -> int:
 def _measured_per_token(path: Path | None) -> dict[str, float]:
     if path is None:
         return {}
-    from ..tune.candidates import split_mode
+    from ..tune.candidates import join_mode, split_mode
 
     saved = json.loads(path.read_text(encoding="utf-8"))
     run_formats = str(saved.get("machine", {}).get("dtype") or "bf16")
     seconds: dict[str, float] = {}
     tokens: dict[str, int] = {}
     for run in saved["runs"]:
-        base, large, small = split_mode(run["mode"], run_formats)
-        name = f"{base}#{large if large == small else f'{large}/{small}'}"
+        name = join_mode(*split_mode(run["mode"], run_formats))
         seconds[name] = seconds.get(name, 0.0) + run["seconds"]
         tokens[name] = tokens.get(name, 0) + run["completion_tokens"]
     return {name: seconds[name] / tokens[name] for name in seconds if tokens[name]}
