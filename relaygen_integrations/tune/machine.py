@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..engine.local.cpu import cpu_model_and_flags, isa_limits
+from ..engine.local.wide_passes import machine_wide_rows
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class MachineIdentity:
     isa_limits: tuple[tuple[str, str], ...]  # ISA caps set in the environment (``cpu.isa_limits``)
     torch: str
     threads: int
+    # Our own kernel choices that change pass costs on this machine (``wide_passes``: bf16 passes of at least N rows
+    # run in fp32 on a CPU without bf16 instructions), so a table measured before a change is measured again.
+    kernels: str = ""
 
     def key(self) -> str:
         """A short stable name for this machine: the cache file's name."""
@@ -37,7 +41,7 @@ class MachineIdentity:
             return f"{self.processor} (CUDA), torch {self.torch}"
         return (
             f"{self.processor}, flags {' '.join(self.flags) or '-'}, ISA caps {caps}, {self.threads} threads, "
-            f"torch {self.torch}"
+            f"torch {self.torch}" + (f"; {self.kernels}" if self.kernels else "")
         )
 
     def to_json(self) -> dict[str, object]:
@@ -55,4 +59,6 @@ def this_machine(device: torch.device | str = "cpu") -> MachineIdentity:
         return MachineIdentity("cuda", name, (), (), torch.__version__, torch.get_num_threads())
     model, flags = cpu_model_and_flags()
     limits = tuple(sorted(isa_limits().items()))
-    return MachineIdentity("cpu", model, flags, limits, torch.__version__, torch.get_num_threads())
+    rows = machine_wide_rows()
+    kernels = "" if rows is None else f"bf16 linears from {rows} rows in fp32"
+    return MachineIdentity("cpu", model, flags, limits, torch.__version__, torch.get_num_threads(), kernels)

@@ -24,6 +24,7 @@ from transformers.cache_utils import Cache
 from ..core.spans import ModelRole
 from .draft_head import DraftHead
 from .kv import CacheOptions, check_static_support, compile_decode_step, ensure_cache, rewind
+from .wide_passes import wide_pass, wide_pass_rows
 
 # What a forward pass was for. A runner knows it from the call: ``decode`` forwards the one token its model wrote
 # last (for the small model: its sentences and answers), ``catchup`` the other model's tokens it missed (several at
@@ -72,6 +73,7 @@ class ModelRunner:
     last_hidden: torch.Tensor | None = None  # after a draft-head pass: the hidden state whose full logits are unmade
     cache_kwarg: str = field(init=False)
     decode_step: Callable[..., object] | None = field(init=False, default=None)  # compiled one-token forward
+    wide_rows: int | None = field(init=False, default=None)  # passes this wide run their linears in fp32 (wide_passes)
 
     def __post_init__(self) -> None:
         # transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name warns, then goes away in 5.40).
@@ -81,6 +83,7 @@ class ModelRunner:
             check_static_support(self.model)
         if self.options.compile:
             self.decode_step = compile_decode_step(self.model)  # compiles lazily, at the first one-token step
+        self.wide_rows = wide_pass_rows(self.model)
 
     @property
     def device(self) -> torch.device:
@@ -242,7 +245,8 @@ def forward_tokens(runner: ModelRunner, new_ids: list[int], keep: int = 1, kind:
         forward = runner.decode_step  # type: ignore[assignment]
         runner.stats.compiled_steps += 1
     started = time.perf_counter()
-    output = forward(input_ids=input_ids, use_cache=True, logits_to_keep=keep, **kwargs)
+    with wide_pass(runner.wide_rows, len(new_ids)):
+        output = forward(input_ids=input_ids, use_cache=True, logits_to_keep=keep, **kwargs)
     logits = output.logits[0, -1].float() if keep == 1 else output.logits[0, -keep:].float()  # type: ignore[attr-defined]
     if compiled:
         logits = logits.clone()  # a CUDA graph's outputs are overwritten by its next replay
@@ -256,7 +260,8 @@ def forward_hidden(runner: ModelRunner, new_ids: list[int], kind: str = "draft")
     for a draft head to score (the model's body runs eagerly: a compiled step includes the full projection)."""
     input_ids, kwargs = _pass_inputs(runner, new_ids)
     started = time.perf_counter()
-    output = runner.model.base_model(input_ids=input_ids, use_cache=True, **kwargs)
+    with wide_pass(runner.wide_rows, len(new_ids)):
+        output = runner.model.base_model(input_ids=input_ids, use_cache=True, **kwargs)
     hidden = output.last_hidden_state[0, -1:]  # type: ignore[attr-defined]
     _finish_pass(runner, new_ids, started, hidden, kind)
     return hidden
