@@ -1,5 +1,5 @@
 # The two commands a newcomer runs: `make demo` and `make test`. Both set everything up on a fresh machine.
-.PHONY: setup models demo test test-fast lint bench-engine bench-langchain
+.PHONY: setup models demo test test-fast package-check lint bench-engine bench-langchain
 
 VENV := .venv/bin
 
@@ -13,10 +13,12 @@ models: setup
 demo: models
 	@$(VENV)/relaygen demo
 
-# Everything, including the tests on the real demo pair (fetched here first: no silent skips), then the relay over
-# real vLLM and llama.cpp servers in a phase of its own (their virtualenvs are built on first use, ~15 min).
+# Everything, including the tests on the real demo pair (fetched here first: no silent skips), the package as a user
+# installs it (a wheel outside the checkout, and the dependency floors), then the relay over real vLLM and llama.cpp
+# servers in a phase of its own (their virtualenvs are built on first use, ~15 min).
 test: models
 	@$(VENV)/python -m pytest -q -m "not serving_engine"
+	@bash scripts/package_check.sh
 	@bash scripts/serving_engines.sh setup vllm
 	@bash scripts/serving_engines.sh setup llamacpp
 	@$(VENV)/python -m pytest -q -m serving_engine
@@ -24,6 +26,10 @@ test: models
 # Quick iteration: tiny random-weight models and scripted models only.
 test-fast: setup
 	@$(VENV)/python -m pytest -q -m "not real_pair and not serving_engine"
+
+# The wheel in a fresh virtualenv away from the checkout, and the package at its declared dependency floors.
+package-check: setup
+	@bash scripts/package_check.sh
 
 lint: setup
 	@$(VENV)/ruff check . && $(VENV)/ruff format --check .

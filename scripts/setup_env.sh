@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs the package with every extra.
-# torch is pinned to the CPU build *before* the package so pip never resolves a multi-GB CUDA wheel on a CPU machine;
-# a venv that already has a torch (e.g. a CUDA build a GPU user installed) keeps it.
+# torch is installed *before* the package, pinned ($RELAYGEN_TORCH_PIN, default torch==2.13.0), so pip never resolves
+# a multi-GB CUDA wheel on a CPU machine: without a GPU it installs the CPU build (scripts/install_torch.sh says from which index); a venv that
+# already has a torch (e.g. a CUDA build a GPU user installed) keeps it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-TORCH_PIN=${RELAYGEN_TORCH_PIN:-torch==2.13.0}
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"
   "$PY" -m venv .venv
   .venv/bin/pip install --quiet --upgrade pip
 fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  echo "[setup] installing $TORCH_PIN"
-  .venv/bin/pip install --quiet "$TORCH_PIN"
+  bash scripts/install_torch.sh .venv
 fi
 # Re-install the package only when its metadata changed (a stamp keyed to pyproject.toml).
 stamp=.venv/.relaygen-installed

@@ -214,9 +214,10 @@ class RelayEngine:
         policy: PolicyConfig | Mapping[str, Any] | None = None,
         **options: Any,
     ) -> RelayEngine:
-        """The same engine over two OpenAI-compatible completion servers (vLLM, SGLang, llama.cpp, ``relaygen serve
-        --single``): ``large``/``small`` are base URLs such as ``http://host:8000/v1``; ``tokenizer`` (a hub id, a
-        local directory or a tokenizer) renders the chat template here and must be the servers' tokenizer.
+        """The same engine over two OpenAI-compatible completion servers (tested: vLLM, llama-cpp-python's server,
+        ``relaygen serve --single``): ``large``/``small`` are base URLs such as ``http://host:8000/v1``;
+        ``tokenizer`` (a hub id, a local directory or a tokenizer) renders the chat template here and must be the
+        servers' tokenizer.
 
         ``options``: ``api_key``, ``timeout``, ``retries``, ``large_model``/``small_model`` (served model names;
         default: the first each server lists), ``context_window``, ``server_stops`` (default True),

@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -96,7 +96,7 @@ def write_manifest(directory: Path, **fields: Any) -> None:
     manifest = _Manifest(
         format=MANIFEST_FORMAT,
         files=_dir_files(directory),
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
         transformers_version=tf_version,
         **fields,
     )

@@ -1,3 +1,3 @@
-"""The remote backend: two OpenAI-compatible completion servers (vLLM, SGLang, llama.cpp, ``relaygen serve --single``)
-behind the same ``Backend`` protocol. Needs httpx; imports nothing of the local backend.
+"""The remote backend: two OpenAI-compatible completion servers (tested: vLLM, llama-cpp-python's server,
+``relaygen serve --single``) behind the same ``Backend`` protocol. Needs httpx; imports nothing of the local backend.
 """

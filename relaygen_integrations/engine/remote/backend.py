@@ -1,5 +1,5 @@
-"""Remote backend: the relay over two OpenAI-compatible completion servers (vLLM, SGLang, llama.cpp, or
-``relaygen serve --single``), created with ``RelayEngine.from_endpoints``
+"""Remote backend: the relay over two OpenAI-compatible completion servers (tested: vLLM,
+llama-cpp-python's server, ``relaygen serve --single``), created with ``RelayEngine.from_endpoints``
 (HTTP details: ``endpoint.py``).
 
 Design. The same :class:`RelayPolicy` decides token by token as in the local engine, and the same loop
@@ -107,8 +107,8 @@ def text_prompt(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], url: str
         raise EndpointError(
             url,
             "takes only text prompts, and this prompt's text spells a special token (such as <|im_start|>) that the "
-            "server would parse as one, so it was not sent; use a server that takes token-id prompts (vLLM, SGLang, "
-            "llama.cpp's llama-server, relaygen serve --single)",
+            "server would parse as one, so it was not sent; use a server that takes token-id prompts (vLLM and "
+            "relaygen serve --single are tested)",
         )
     return text
 
