@@ -11,12 +11,14 @@ A figure is backed by the sources its block names when one of them holds a numbe
 precision the doc writes it (``4.5×`` is backed by 4.47; ``94 ms`` by 0.0939 s in a pass-cost JSON, which stores
 seconds), or, for a speed-up, a share, a cost in steps or a unitless decimal, when it is the quotient of two backed
 numbers of the same sentence (``3.1× cheaper (94 against 293 ms)``), which a reader can check in the sentence itself.
-In a block that names data its unitless decimals count as figures too (``f = 0.35``, a table's tok/s). What a source
-holds:
+A bench run's speed-ups and solved counts back a figure only as the quantity its text names (``docs_quantities``):
+``2.50×`` beside `large-spec#bf16/int8` and "per answer" must be that mode's speed-up per answer, not another mode's
+or its median; a speed-up quoted as a quotient beside a run needs operands of one precision. In a block that names
+data its unitless decimals count as figures too (``f = 0.35``, a table's tok/s). What a source holds:
 
 * a bench run (a folder with ``results.json``, or its ``report.md`` / ``results.json``): the ``report.md`` that
-  ``rerender`` makes from ``results.json`` now, the numbers of its summary, and per mode the problems it solved out of
-  those it ran (``5/11``); a folder of runs, each run's;
+  ``rerender`` makes from ``results.json`` now and the numbers of its summary, and per mode its speed-ups against
+  ``large`` and the problems it solved out of those it ran (``5/11``); a folder of runs, each run's;
 * a ``relaygen bench --compare DIR_A DIR_B --compare-mode A,B`` command written in the block: its output;
 * a ``benchmarks/pass_cost.py`` JSON: its passes in ms, each pass in one-token steps of its format, each format's pass
   against the other's (``3.1×`` cheaper), the small model's step against the large one's;
@@ -36,6 +38,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from docs_quantities import ModeFacts, quantity_of, run_modes, solved_of, speedups_of
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data"
@@ -270,10 +274,11 @@ def trace_coverage(traces: Path, special_from: int = 151643) -> list[float]:
 
 
 def source_text(path: str, rendered: dict[Path, Path]) -> str:
-    """What one named data path says, as text (see the module docstring)."""
+    """What one named data path says, as text (see the module docstring), its bench runs left out: ``run_text`` and
+    ``run_modes`` say what those hold."""
     target = ROOT / path
     runs = bench_runs(target)
-    parts = [rendered_text(rendered[run]) for run in runs]
+    parts = []
     files = [target] if target.is_file() else sorted(p for p in target.rglob("*") if p.is_file())
     for file in files:
         if any(run in file.parents for run in runs) or file.suffix in (".png", ".html"):
@@ -286,6 +291,11 @@ def source_text(path: str, rendered: dict[Path, Path]) -> str:
             if file.suffix == ".json" and "seconds" in (table := json.loads(text)):
                 parts.append(" ".join(f"{ratio}×" for ratio in pass_cost_facts(table)))
     return "\n".join(parts)
+
+
+def rendered_modes(rendered: Path) -> dict[str, ModeFacts]:
+    """A re-rendered run's modes: their speed-ups by metric and solved counts."""
+    return run_modes(json.loads((rendered / "results.json").read_text(encoding="utf-8")))
 
 
 def compare_text(block: Block) -> str:
@@ -303,47 +313,73 @@ def compare_text(block: Block) -> str:
 class Evidence:
     """The numbers a set of data sources holds. A speed-up is backed only by a number the source writes as a ratio
     (``1.24×``, ``1.27x``; derived ratios are written so), a percentage by one written with ``%`` or by a share
-    (a number up to 1), points by points, so that an integer figure does not find its match among unrelated counts."""
+    (a number up to 1), points by points, so that an integer figure does not find its match among unrelated counts.
+    A bench run's speed-ups and solved counts back only the figures that name their mode and metric
+    (``docs_quantities``); its other numbers back any figure."""
 
     numbers: tuple[float, ...]
     ratios: tuple[float, ...]
     percents: tuple[float, ...]
     points: tuple[float, ...]
     fractions: frozenset[tuple[int, int]]
+    runs: tuple[dict[str, ModeFacts], ...] = ()
 
     @classmethod
-    def of(cls, text: str) -> Evidence:
+    def of(cls, text: str, run_text: str = "", runs: tuple[dict[str, ModeFacts], ...] = ()) -> Evidence:
+        """``text``: what the sources say outside bench runs; ``run_text``: the runs' re-rendered reports, whose
+        ratios and fractions are left to ``runs``, their modes."""
         marked = [(float(m[1]), (m[2] or "").strip()) for m in MARKED_NUMBER.finditer(text)]
+        every = marked + [(float(m[1]), (m[2] or "").strip()) for m in MARKED_NUMBER.finditer(run_text)]
         return cls(
-            numbers=tuple(n for n, _ in marked),
+            numbers=tuple(n for n, _ in every),
             ratios=tuple(n for n, mark in marked if mark in ("×", "x")),
-            percents=tuple(n for n, mark in marked if mark == "%") + tuple(100 * n for n, _ in marked if n <= 1),
-            points=tuple(n for n, mark in marked if mark == "pts"),
+            percents=tuple(n for n, mark in every if mark == "%") + tuple(100 * n for n, _ in every if n <= 1),
+            points=tuple(n for n, mark in every if mark == "pts"),
             fractions=frozenset((int(m["num"]), int(m["den"])) for m in FRACTION.finditer(text)),
+            runs=runs,
         )
+
+    def of_runs(self, figure: Figure, block: Block) -> bool:
+        """Whether the bench runs back a speed-up or a solved count as the quantity its text names."""
+        if not self.runs:
+            return False
+        quantity = quantity_of(block.text, figure.start, [list(run) for run in self.runs])
+        if figure.unit == "/":
+            return (int(figure.value), figure.den) in solved_of(self.runs, quantity)
+        return any(rounds_to(n, figure.value, figure.decimals, (1.0,)) for n in speedups_of(self.runs, quantity))
 
     def backs(self, figure: Figure, block: Block) -> bool:
         if figure.unit == "/":
-            return (int(figure.value), figure.den) in self.fractions
+            return (int(figure.value), figure.den) in self.fractions or self.of_runs(figure, block)
         typed = {"×": self.ratios, "%": self.percents, "pts": self.points}
         if figure.unit in typed:
             if any(rounds_to(n, figure.value, figure.decimals, (1.0,)) for n in typed[figure.unit]):
                 return True
+            if figure.unit == "×" and self.of_runs(figure, block):
+                return True
         elif any(figure.matches(n) for n in self.numbers):
             return True
+        return self.derived(figure, block)
+
+    def derived(self, figure: Figure, block: Block) -> bool:
+        """Whether the figure is the quotient of two numbers its sentence quotes (``3.1× cheaper (94 against 293
+        ms)``)."""
         sentence = sentence_of(block, figure)
         if figure.unit not in ("×", "%", "steps", "") or sentence.lstrip().startswith("|"):
             return False  # a table row quotes too many numbers for a quotient of two of them to mean anything
         # Derived in the sentence: the quotient of two numbers it quotes, taken at the values of the data that backs
         # them (the quotient of the rounded numbers can miss the figure's last digit). An operand has two significant
         # digits at least: a "2" (cores) or an "11" of "1-11" would back a quotient of almost anything.
-        quoted = PLAIN_NUMBER.findall(sentence)
-        operands = [self.backing(n) for n in quoted if len(n.replace(".", "").lstrip("0")) >= 2]
+        # Beside a bench run, whose many numbers make such quotients cheap, a speed-up's two operands are quoted at
+        # one precision, as a comparison writes them (``4.09 against 2.43``), not ``92.1`` over a count of ``36``.
+        quoted = [n for n in PLAIN_NUMBER.findall(sentence) if len(n.replace(".", "").lstrip("0")) >= 2]
+        operands = [(decimals_of(n), self.backing(n)) for n in quoted]
+        same_precision = figure.unit == "×" and bool(self.runs)
         return any(
             figure.matches(a / b)
-            for i, tops in enumerate(operands)
-            for j, bottoms in enumerate(operands)
-            if i != j
+            for i, (top_decimals, tops) in enumerate(operands)
+            for j, (bottom_decimals, bottoms) in enumerate(operands)
+            if i != j and (top_decimals == bottom_decimals or not same_precision)
             for a in tops
             for b in bottoms
             if a != b

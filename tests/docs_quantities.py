@@ -1,0 +1,272 @@
+"""Which quantity a speed-up or a solved count in the docs names, and what a bench run says it is, for ``docs_data.py``.
+
+A bench run holds many speed-ups against ``large`` - per mode, per answer and per token, each as a total and as a
+median over problems, on the problems a mode shares with ``large``, and relay's ideal - and each mode's solved
+problems. A figure that any of them rounds to is not yet the quantity its text names (issue 44: "2.6×" passed
+against a run whose headline is 2.50×, as another mode's or another metric's value), so a speed-up figure (``2.50×``)
+or a solved count (``36/60``) in a block that names a bench run must be the value of:
+
+* **the mode its text names**: in a table row, the first cell before it that is a mode (```relay@generic```,
+  ``large-spec#bf16/int8 (the shipped default)``); in prose, the nearest mode its clause names before it, else after
+  it, else the nearest before it in the sentence, with the modes joined to that one by "and", "or" or a comma. A mode
+  is named in backticks, by the engine's arguments (```mode="large"`, `speculative=True```) or as a bare word
+  (``relay-spec is 1.92×``), except the words ``large``, ``small`` and ``default``, which prose uses as adjectives, and
+  a word qualified into another mode ("self-speculative relay", "verified relay"). A mention after "than", "of",
+  "against", "vs", "over", "as", "to", "beats" or a speed-up is the reference a speed-up is taken against (``faster
+  than `large```, ``1.92× `large```), not what it measures. A name stands for the mode of that name, and where the run
+  has none, for the modes that differ from it by a setting or weight format (```relay-spec``` for
+  ``relay-spec@32768``, ```large-spec``` for ``large-spec#int8``); after "→" (the block's change applied:
+  ``relay-spec 1.65× → 1.78×``) for those variants too. A verify rule in backticks stands for the modes verified by
+  it (```prob:0.2```). A bench mode the runs lack backs nothing of theirs (the figure may come from another file the
+  block names); where the text names no mode at all, any mode's value of the metric will do.
+* **the metric its text names** (speed-ups only): a table column's header, or in prose "per answer" / "per token"
+  (or ``s/token``) in the sentence, else in the block; neither or both: either. A total is always a candidate, a median
+  over problems only where the text says "median", relay's ideal speed-up only where it says "ideal" - in a table
+  column, only what its header says.
+
+Not covered: a figure that is not a speed-up against ``large`` of one run (a ratio between two runs or two modes,
+quoted with its operands or written by a ``relaygen bench --compare`` command) is left to ``docs_data``'s other rules;
+percentages (accuracy, shares, rejected tokens) are matched as before, against any number of the data; and "N of M" in
+prose is not a figure at all (it counts other things too: "differed on 8 of 8 problems").
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from relaygen_integrations.bench.summary import split_format
+
+# Where each speed-up metric lives in a run's summary: over all problems a mode ran, and paired with ``large`` on the
+# problems both ran (what a report's "Paired against large" table shows).
+METRIC_KEYS: dict[str, tuple[str, ...]] = {
+    "answer": ("answer_speedup_vs_large", "paired_answer_speedup"),
+    "answer median": ("median_answer_speedup_vs_large",),
+    "token": ("speedup_vs_large", "paired_speedup"),
+    "token median": ("median_speedup_vs_large",),
+    "ideal": ("ideal_speedup",),
+}
+PER_ANSWER = re.compile(r"per answer", re.IGNORECASE)
+PER_TOKEN = re.compile(r"per[ -]token|s/token", re.IGNORECASE)
+MEDIAN = re.compile(r"median", re.IGNORECASE)
+IDEAL = re.compile(r"ideal", re.IGNORECASE)
+# A mode written in backticks, or a word that may be one (``relay-spec+verify@prob:0.2#int8``, ``Relay``).
+MENTION = re.compile(r"`(?P<code>[^`]+)`|(?<![\w@#:+./`-])(?P<word>[A-Za-z](?:[\w@#:+./-]*\w)?)")
+ADJECTIVES = frozenset({"large", "small", "default"})  # modes, but as bare words prose means the model or the setting
+# The bench's modes (``bench/run.py``), before a "+verify", "@setting" or "#formats": a name of one of them names a
+# mode even where the cited runs lack it (then nothing of theirs backs the figure), so that the mention before it is
+# not taken instead. ``test_docs_quantities`` checks that the saved runs use no other.
+BENCH_MODES = frozenset({"large", "small", "relay", "reprompt", "relay-spec", "large-spec", "hf-large", "assisted"})
+BENCH_MODES |= {"default"}  # a tuned run's engine default (``--modes auto``)
+# The engine's own arguments name a mode too: (`mode="large"`, `speculative=True`, `dtype="bf16/int8"`) is
+# large-spec#bf16/int8.
+ENGINE_ARGUMENTS = re.compile(r'`mode="(?P<mode>[\w-]+)"`(?P<more>(?:,\s*`(?:speculative=True|dtype="[\w/]+")`)*)')
+# What a mention after these words names is the reference a speed-up is taken against: "faster than `large`",
+# "1.92× `large`"; unless a figure follows its possessive ("against relay's 1.24×").
+REFERENCE = re.compile(
+    r"(?:\b(?:than|of|against|vs\.?|over|as|to|beats?)\s+(?:(?:the|plain|bf16|int8|fp32)\s+)*|\d[×x]\**\s*)\**$"
+)
+POSSESSIVE_FIGURE = re.compile(r"'s\s+\**\d")
+# A bare mode name qualified so that it names another mode: "self-speculative relay" is relay-spec, "verified relay"
+# one of the relay+verify modes.
+QUALIFIED = re.compile(r"(?:self-speculative|(?<!un)verified)\s+$", re.IGNORECASE)
+JOINER = re.compile(r"\s*(?:,|,?\s*and|,?\s*or)\s*")
+CLAUSE_END = re.compile(r"[.;:!?](?=\s)|\n(?=\s*[*|-] )")
+SENTENCE_END = re.compile(r"(?<=[.;:!?])\s+(?=[A-Z(*`'\"])|\n(?=\s*[*|])")
+
+
+@dataclass(frozen=True)
+class ModeFacts:
+    """One mode of one run: its speed-ups against ``large`` by metric (a key of METRIC_KEYS), and solved/ran."""
+
+    speedups: Mapping[str, tuple[float, ...]]
+    solved: tuple[int, int]
+
+
+def run_modes(saved: Mapping[str, Any]) -> dict[str, ModeFacts]:
+    """The modes of a re-rendered ``results.json`` (its summary recomputed from its runs)."""
+    correct: dict[str, list[bool]] = {}
+    for run in saved["runs"]:
+        correct.setdefault(run["mode"], []).append(bool(run["correct"]))
+    return {
+        mode: ModeFacts(
+            {metric: tuple(entry[k] for k in keys if k in entry) for metric, keys in METRIC_KEYS.items()},
+            (sum(correct.get(mode, [])), len(correct.get(mode, []))),
+        )
+        for mode, entry in saved["summary"].items()
+    }
+
+
+def bench_mode(name: str) -> str:
+    """The bench mode a mode name is a variant of: relay-spec+verify@prob:0.2#int8 -> relay-spec."""
+    return split_format(name)[0].split("@", 1)[0].removesuffix("+verify")
+
+
+def engine_mode(arguments: re.Match[str]) -> str:
+    """The bench mode the engine's arguments run: `mode="large"`, `speculative=True` -> large-spec."""
+    speculative = "-spec" if "speculative=True" in arguments["more"] else ""
+    formats = re.search(r'dtype="([\w/]+)"', arguments["more"])
+    return f"{arguments['mode']}{speculative}" + (f"#{formats[1]}" if formats else "")
+
+
+def modes_named(name: str, modes: Collection[str], *, variants: bool = False, in_code: bool = True) -> set[str]:
+    """The modes of one run that a name written in the docs stands for (see the module docstring)."""
+    name = name.strip().lower() if in_code else name.lower()
+    if not in_code and name in ADJECTIVES:
+        return set()
+    family = {m for m in modes if m.startswith((f"{name}@", f"{name}#"))}
+    if name in modes:
+        return {name} | (family if variants else set())
+    verified_by = {m for m in modes if in_code and "+verify@" in m and split_format(m)[0].split("@", 1)[1] == name}
+    return family | verified_by
+
+
+@dataclass(frozen=True)
+class Mention:
+    """A place a text names a mode, and the name as written (or as the engine's arguments spell it)."""
+
+    start: int
+    end: int
+    name: str
+    in_code: bool
+    reference: bool  # "than `large`": what a speed-up is measured against
+
+
+def mentions(text: str, runs: Iterable[Collection[str]]) -> list[Mention]:
+    """The places a text names a mode of one of the runs."""
+    runs = list(runs)
+    found = []
+    for m in MENTION.finditer(text):
+        name, in_code = (m["code"], True) if m["code"] is not None else (m["word"], False)
+        arguments = ENGINE_ARGUMENTS.match(text, m.start())
+        if arguments:
+            name = engine_mode(arguments)
+        elif not in_code and (name.lower() in ADJECTIVES or QUALIFIED.search(text[: m.start()])):
+            continue
+        names_mode = bench_mode(name.lower()) in BENCH_MODES or (in_code and any(modes_named(name, r) for r in runs))
+        if names_mode:
+            reference = bool(REFERENCE.search(text[: m.start()])) and not POSSESSIVE_FIGURE.match(text, m.end())
+            found.append(Mention(m.start(), arguments.end() if arguments else m.end(), name, in_code, reference))
+    return found
+
+
+def span_of(text: str, at: int, ends: re.Pattern[str]) -> tuple[int, int]:
+    bounds = [0, *(m.end() for m in ends.finditer(text)), len(text)]
+    return next(((a, b) for a, b in itertools.pairwise(bounds) if a <= at < b), (0, len(text)))
+
+
+def named_mentions(text: str, at: int, runs: list[Collection[str]]) -> list[Mention]:
+    """The mentions that name what the figure at ``at`` measures (see the module docstring); none if the text names
+    no mode."""
+    subjects = [m for m in mentions(text, runs) if not m.reference]
+    clause, sentence = span_of(text, at, CLAUSE_END), span_of(text, at, SENTENCE_END)
+    before = [m for m in subjects if clause[0] <= m.start and m.end <= at]
+    after = [m for m in subjects if at < m.start < clause[1]]
+    earlier = [m for m in subjects if sentence[0] <= m.start and m.end <= at]
+    for pick in (before[-1:], after[:1], earlier[-1:]):
+        if pick:
+            return joined(text, subjects, pick[0])
+    return []
+
+
+def joined(text: str, subjects: list[Mention], picked: Mention) -> list[Mention]:
+    """The picked mention with those joined to it by "and", "or" or a comma: "`default` and `large` ... their 0.94×"
+    names both."""
+    group = [picked]
+    for step in (-1, 1):
+        i = subjects.index(picked) + step
+        while 0 <= i < len(subjects):
+            left, right = sorted((group[0] if step < 0 else group[-1], subjects[i]), key=lambda m: m.start)
+            if not JOINER.fullmatch(text[left.end : right.start]):
+                break
+            group = [subjects[i], *group] if step < 0 else [*group, subjects[i]]
+            i += step
+    return group
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """What a figure's text names: the modes (None: any) and, for a speed-up, the metrics it may be."""
+
+    modes: frozenset[str] | None
+    metrics: frozenset[str]
+
+
+def prose_metrics(sentence: str, block: str) -> frozenset[str]:
+    """The metrics a figure in prose may be: per answer / per token as its sentence (else its block) says, medians and
+    the ideal only where its sentence says so."""
+    said = sentence if PER_ANSWER.search(sentence) or PER_TOKEN.search(sentence) else block
+    bases = [b for b, words in (("answer", PER_ANSWER), ("token", PER_TOKEN)) if words.search(said)] or [
+        "answer",
+        "token",
+    ]
+    metrics = set(bases) | ({f"{b} median" for b in bases} if MEDIAN.search(sentence) else set())
+    return frozenset(metrics | ({"ideal"} if IDEAL.search(sentence) else set()))
+
+
+def header_metrics(header: str, cell: str) -> frozenset[str]:
+    """A table column's metric, from its header; a header that names none (``value``) leaves it to the cell's text."""
+    if not (PER_ANSWER.search(header) or PER_TOKEN.search(header) or MEDIAN.search(header) or IDEAL.search(header)):
+        return prose_metrics(cell, cell)
+    if IDEAL.search(header):
+        return frozenset({"ideal"})
+    bases = [b for b, words in (("answer", PER_ANSWER), ("token", PER_TOKEN)) if words.search(header)] or [
+        "answer",
+        "token",
+    ]
+    return frozenset(f"{b} median" if MEDIAN.search(header) else b for b in bases)
+
+
+def cell_name(cell: str) -> str:
+    """A table cell as a mode name: ```large-spec#bf16/int8``` (**the shipped default**) -> large-spec#bf16/int8."""
+    return re.sub(r"\s*\(.*\)\s*$", "", cell).replace("`", "").replace("*", "").strip()
+
+
+def quantity_of(text: str, at: int, runs: list[Collection[str]]) -> Quantity:
+    """The quantity the figure at offset ``at`` of a block's ``text`` names, among the modes of ``runs``."""
+    line_start = text.rfind("\n", 0, at) + 1
+    line = text[line_start : text.find("\n", at) if "\n" in text[at:] else len(text)]
+    if line.lstrip().startswith("|"):
+        header = next(row for row in text.splitlines() if row.lstrip().startswith("|"))
+        column = line[: at - line_start].count("|") - 1
+        cells = line.strip().strip("|").split("|")
+        header_cells = header.strip().strip("|").split("|")
+        metrics = header_metrics(header_cells[column] if column < len(header_cells) else "", cells[column])
+        for cell in cells[:column]:
+            named = set().union(*(modes_named(cell_name(cell), modes) for modes in runs))
+            if named:
+                return Quantity(frozenset(named), metrics)
+        cell_start = line_start + len(line) - len(line.lstrip()) + 1 + sum(len(c) + 1 for c in cells[:column])
+        picked = named_mentions(text[cell_start : cell_start + len(cells[column])], at - cell_start, runs)
+    else:
+        sentence = text[slice(*span_of(text, at, SENTENCE_END))]
+        metrics = prose_metrics(sentence, text)
+        picked = named_mentions(text, at, runs)
+    if not picked:
+        return Quantity(None, metrics)
+    named: set[str] = set()
+    for mention in picked:
+        variants = "→" in text[min(mention.end, at) : max(mention.start, at)]
+        named.update(*(modes_named(mention.name, m, variants=variants, in_code=mention.in_code) for m in runs))
+    return Quantity(frozenset(named), metrics)
+
+
+def speedups_of(runs: Iterable[Mapping[str, ModeFacts]], quantity: Quantity) -> list[float]:
+    """The runs' values of a speed-up quantity."""
+    return [
+        value
+        for run in runs
+        for mode, facts in run.items()
+        if quantity.modes is None or mode in quantity.modes
+        for metric in quantity.metrics
+        for value in facts.speedups.get(metric, ())
+    ]
+
+
+def solved_of(runs: Iterable[Mapping[str, ModeFacts]], quantity: Quantity) -> set[tuple[int, int]]:
+    """The runs' solved/ran counts of the modes a quantity names."""
+    named = [(mode, facts) for run in runs for mode, facts in run.items()]
+    return {facts.solved for mode, facts in named if quantity.modes is None or mode in quantity.modes}
