@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -37,6 +38,48 @@ class FixedLogits(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
         return SimpleNamespace(logits=self.logits.expand(1, input_ids.shape[1], -1))
+
+
+def overall_margin_by_hand(model: torch.nn.Module, traces_path: Path) -> tuple[float, int]:
+    """The overall mean margin of a saved traces file and its token count, computed here rather than by the package:
+    each trace teacher-forced through ``model``; at each position that predicts a completion token, the highest
+    probability minus the second highest."""
+    margins: list[float] = []
+    for line in traces_path.read_text(encoding="utf-8").splitlines():
+        trace = json.loads(line)
+        prompt_ids, completion_ids = trace["prompt_ids"], trace["completion_ids"]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt_ids + completion_ids], device=model.device)).logits[0]
+        predicting = logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(completion_ids)].float()
+        ranked = torch.softmax(predicting, dim=-1).sort(dim=-1, descending=True).values
+        margins.extend((ranked[:, 0] - ranked[:, 1]).tolist())
+    return sum(margins) / len(margins), len(margins)
+
+
+def test_the_calibrate_command_writes_the_mean_margin_of_its_traces(tokenizer, tmp_path):
+    """The profile's overall mean margin is the small model's mean margin over the traces the command saved (a tiny
+    random-weight fp32 pair, the margin test alone)."""
+    from helpers import tiny_qwen2
+
+    from relaygen_integrations.cli.main import main
+
+    models = {"large": tiny_qwen2(tokenizer, seed=1), "small": tiny_qwen2(tokenizer, seed=2)}
+    for role, model in models.items():
+        model.save_pretrained(tmp_path / role)
+        tokenizer.save_pretrained(tmp_path / role)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"}) + "\n"
+                            for i in range(2)))  # fmt: skip
+    traces, out = tmp_path / "traces.jsonl", tmp_path / "pair.json"
+    args = ["calibrate", "--large", str(tmp_path / "large"), "--small", str(tmp_path / "small"), "--data", str(data),
+            "--n", "2", "--max-new-tokens", "12", "--dtype", "fp32", "--verify", "off", "--traces", str(traces),
+            "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    profile = json.loads(out.read_text())
+    expected_margin, expected_tokens = overall_margin_by_hand(models["small"], traces)
+    assert expected_tokens == 24  # two traces of 12 tokens: random weights seldom end early
+    assert profile["total_tokens"] == expected_tokens
+    assert profile["overall_mean_margin"] == pytest.approx(expected_margin, rel=1e-6)
 
 
 def test_margin_matches_a_hand_computed_case():
@@ -134,7 +177,14 @@ def test_calibrate_command_on_the_demo_pair(tmp_path):
     assert main(args) == 0
     profile = json.loads(out.read_text())
     assert profile["settings"]["n"] == 2 and profile["total_tokens"] > 0
-    assert 0.0 < profile["overall_mean_margin"] < 1.0
+    # The mean margin of the saved traces, computed here from the small model the command loaded (bf16, its default).
+    from relaygen_integrations.engine.local.loading import load_model
+
+    small, _ = load_model("demo:small", dtype="bf16")
+    expected_margin, expected_tokens = overall_margin_by_hand(small, traces)
+    del small
+    assert profile["total_tokens"] == expected_tokens
+    assert profile["overall_mean_margin"] == pytest.approx(expected_margin, rel=1e-5)
     from relaygen_integrations.engine.core.cues import PAPER_CANDIDATES
 
     assert {row["cue"] for row in profile["table"]} >= set(PAPER_CANDIDATES)

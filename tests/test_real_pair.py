@@ -13,7 +13,7 @@ import torch
 
 from relaygen_integrations import RelayEngine, SwitchEvent, TextEvent
 from relaygen_integrations.prompts import load_gsm8k, math_messages
-from relaygen_integrations.registry import pair_paths
+from relaygen_integrations.registry import pair_gguf_paths, pair_paths
 
 pytestmark = pytest.mark.real_pair
 
@@ -88,12 +88,19 @@ def test_large_mode_matches_generate_on_the_real_model(engine, questions):
     assert result.finish_reason == ("length" if ended is None else "stop")
 
 
-def test_tokenizers_of_the_pair_agree(engine):
-    paths = pair_paths("demo")
+def test_tokenizers_of_the_pair_agree(engine, tmp_path):
+    """The small model's own vocabulary - the one embedded in its GGUF, not the copy of the large GGUF's tokenizer
+    the registry puts in its directory - gives every id the engine's tokenizer's token."""
     from transformers import AutoTokenizer
 
-    small_tokenizer = AutoTokenizer.from_pretrained(paths.small)
-    assert small_tokenizer.get_vocab() == engine.tokenizer.get_vocab()
+    from relaygen_integrations.engine.core.pairs import check_tokenizers_match
+    from relaygen_integrations.registry.convert import extract_tokenizer
+
+    ggufs = pair_gguf_paths("demo")
+    if ggufs is None:
+        pytest.fail("the demo pair's GGUF files are not kept: run `relaygen models fetch demo` without --no-keep-gguf")
+    extract_tokenizer(ggufs.small, tmp_path)
+    check_tokenizers_match(engine.tokenizer, AutoTokenizer.from_pretrained(tmp_path, local_files_only=True))
 
 
 def test_self_speculation_on_the_real_pair(engine, questions):
@@ -104,7 +111,10 @@ def test_self_speculation_on_the_real_pair(engine, questions):
     plain = engine.generate_ids(prompt_ids, max_new_tokens=48, mode="large")
     spec = engine.generate_ids(prompt_ids, max_new_tokens=48, mode="large", speculative=True)
     usage = spec.usage
-    assert usage.acceptance_rate > 0.4, usage
+    # The benchmarks accept 0.81-0.90 of the drafts (up to 512 tokens a problem), and 0.821-0.857 of this question's
+    # in bf16 (problem 0 of benchmarks/data/spec-bf16, whole vocabulary, and of draft-vocab-bf16-amx, the 32k subset
+    # this engine takes from the profile). 0.7 leaves room for a 48-token window, not for drafting gone wrong.
+    assert usage.acceptance_rate > 0.7, usage
     assert usage.speculative_rounds < usage.completion_tokens / 1.5, usage
     pairs = zip(plain.completion_ids, spec.completion_ids, strict=False)
     shared = next((i for i, (a, b) in enumerate(pairs) if a != b), 48)

@@ -21,12 +21,11 @@ from langchain_core.tools import tool
 from llama_index.core.base.llms.types import ChatMessage
 from transformers import PreTrainedTokenizerBase
 
-import relaygen_integrations.serve.app as serve_app
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.chat.model_fields import ADAPTER_SETTINGS, FIELD_NAMES, NOT_FIELDS
 from relaygen_integrations.engine.core import prompt
 from relaygen_integrations.engine.core.prompt import MessageError, ToolSchemaError
-from relaygen_integrations.engine.core.settings import FIELDS, GenerationSettings, merge_settings
+from relaygen_integrations.engine.core.settings import FIELDS, GenerationPlan, GenerationSettings, merge_settings
 from relaygen_integrations.langchain import RelayChatModel
 from relaygen_integrations.llama_index import RelayLLM
 from relaygen_integrations.serve.app import NOT_OVER_HTTP, OPENAI_NAMED, ChatCompletionRequest, create_app
@@ -70,12 +69,49 @@ def test_every_setting_is_a_field_of_both_adapters(adapter):
             assert adapter.model_fields[field].default == declared.default
 
 
+@pytest.fixture
+def tiny(tokenizer, pair, monkeypatch) -> tuple[RelayEngine, list[GenerationPlan]]:
+    """An engine over the tiny random-weight pair that runs every request, and the plans its backend opened: what
+    the engine itself was asked to do (recorded, then run as they are)."""
+    engine = RelayEngine.from_models(*pair, tokenizer)
+    opened: list[GenerationPlan] = []
+    open_session = engine.backend.open
+
+    def recording_open(plan: GenerationPlan, transcript: Any) -> Any:
+        opened.append(plan)
+        return open_session(plan, transcript)
+
+    monkeypatch.setattr(engine.backend, "open", recording_open)
+    return engine, opened
+
+
+QUESTION = PROMPT[0]["content"]
+ENTRY_POINTS = ("langchain", "llama_index", "http")
+
+
+def reply(entry_point: str, engine: RelayEngine, settings: dict[str, Any]) -> str:
+    """The reply to QUESTION through one entry point, ``settings`` given as it takes them: an adapter's fields, or
+    the request's JSON (both name max_new_tokens ``max_tokens``)."""
+    given = {FIELD_NAMES.get(key, key): value for key, value in settings.items()}
+    if entry_point == "langchain":
+        return str(RelayChatModel(engine=engine, **given).invoke(QUESTION).content)
+    if entry_point == "llama_index":
+        message = RelayLLM(engine=engine, **given).chat([ChatMessage(role="user", content=QUESTION)]).message
+        return str(message.content)
+    response = TestClient(create_app(engine)).post("/v1/chat/completions", json={"messages": PROMPT, **given})
+    assert response.status_code == 200, response.text
+    return str(response.json()["choices"][0]["message"]["content"])
+
+
 @pytest.mark.parametrize("adapter", ADAPTERS)
 @pytest.mark.parametrize("name", sorted(FIELDS - NOT_FIELDS))
-def test_a_configured_setting_reaches_the_engine(adapter, name):
-    model = adapter(**{FIELD_NAMES.get(key, key): value for key, value in sample(name).items()})
-    assert set(model.settings_layer()) == FIELDS - NOT_FIELDS
-    assert getattr(merge_settings(model.settings_layer()), name) == getattr(merge_settings(sample(name)), name)
+def test_a_configured_setting_reaches_the_engine(tiny, adapter, name):
+    engine, opened = tiny
+    assert set(adapter(engine=engine).settings_layer()) == FIELDS - NOT_FIELDS
+    entry_point = "langchain" if adapter is RelayChatModel else "llama_index"
+    reply(entry_point, engine, {"max_new_tokens": 4} | sample(name))  # 4 tokens: short runs, unless the sample
+    assert len(opened) == 1
+    assert getattr(opened[0].settings, name) == getattr(merge_settings(sample(name)), name)
 
 
 def test_the_adapters_keep_their_public_field_types_and_bounds():
@@ -96,35 +132,53 @@ def test_every_setting_is_a_field_of_the_server_request():
     assert all(ChatCompletionRequest.model_fields[name].default is None for name in over_http)
 
 
-@pytest.fixture
-def captured(tokenizer, monkeypatch) -> tuple[TestClient, list[GenerationSettings]]:
-    """A test client whose requests stop once their settings are merged, which are kept."""
-    seen: list[GenerationSettings] = []
-
-    def capture(messages: Any, settings: GenerationSettings, **_: Any) -> Any:
-        seen.append(settings)
-        raise ValueError("captured")  # a 400: nothing runs
-
-    monkeypatch.setattr(serve_app, "prepare_chat", capture)
-    return TestClient(create_app(chat_engine(tokenizer, "Five."))), seen
-
-
 @pytest.mark.parametrize("name", sorted(FIELDS - NOT_OVER_HTTP))
-def test_a_setting_in_a_request_reaches_the_engine(captured, name):
-    client, seen = captured
-    body = {"max_tokens": SAMPLES[name]} if name in OPENAI_NAMED else sample(name)
-    response = client.post("/v1/chat/completions", json={"messages": PROMPT, **body})
-    assert response.status_code == 400 and "captured" in response.text, response.text
-    assert getattr(seen[-1], name) == getattr(merge_settings(sample(name)), name)
+def test_a_setting_in_a_request_reaches_the_engine(tiny, name):
+    engine, opened = tiny
+    assert name not in OPENAI_NAMED or FIELD_NAMES[name] == "max_tokens"  # reply() sends OpenAI's name
+    reply("http", engine, {"max_new_tokens": 4} | sample(name))
+    assert len(opened) == 1
+    assert getattr(opened[0].settings, name) == getattr(merge_settings(sample(name)), name)
 
 
-def test_a_request_keeps_the_openai_conventions(captured):
-    client, seen = captured
-    client.post("/v1/chat/completions", json={"messages": PROMPT, "top_k": -1, "stop": "", "max_completion_tokens": 7})
-    assert (seen[-1].top_k, seen[-1].stop, seen[-1].max_new_tokens) == (None, (), 7)
+def test_a_request_keeps_the_openai_conventions(tiny):
+    engine, opened = tiny
+    client = TestClient(create_app(engine))
+    body = {"messages": PROMPT, "top_k": -1, "stop": "", "max_completion_tokens": 7}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert (opened[-1].settings.top_k, opened[-1].settings.stop, opened[-1].max_new_tokens) == (None, (), 7)
     for left_out in NOT_OVER_HTTP:  # accepted and ignored, as any field the server does not know
-        client.post("/v1/chat/completions", json={"messages": PROMPT, left_out: SAMPLES[left_out]})
-        assert getattr(seen[-1], left_out) == GenerationSettings.model_fields[left_out].default
+        body = {"messages": PROMPT, "max_tokens": 2, left_out: SAMPLES[left_out]}
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+        assert getattr(opened[-1].settings, left_out) == GenerationSettings.model_fields[left_out].default
+
+
+# Settings whose effect shows in the tiny engine's text, each as settings with it and the same without it (or with
+# another value): a reply that matches the first run, and not the second, shows the setting arrived and acted.
+SAMPLED = {"temperature": 1.0, "seed": 7}
+EFFECTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "max_new_tokens": ({"max_new_tokens": 9}, {}),
+    "temperature": (SAMPLED, {"seed": 7}),
+    "seed": ({**SAMPLED, "seed": 8}, SAMPLED),
+    "top_k": ({**SAMPLED, "top_k": 3}, SAMPLED),
+    "top_p": ({**SAMPLED, "top_p": 0.5}, SAMPLED),
+    "mode": ({"mode": "small"}, {}),
+    "stop": ({"stop": None}, {}),  # a piece of the engine's own text, filled in by the test
+    "grammar": ({"grammar": SAMPLES["grammar"]}, {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EFFECTS))
+def test_a_key_setting_changes_what_the_engine_writes_from_every_entry_point(tiny, name):
+    engine, _ = tiny
+    budget = {"max_new_tokens": 8}
+    given, other = (budget | settings for settings in EFFECTS[name])
+    if name == "stop":
+        given["stop"] = [engine.generate(PROMPT, **budget).text[6:9]]  # random weights write no English to stop at
+    expected = engine.generate(PROMPT, **given).text
+    assert expected != engine.generate(PROMPT, **other).text  # on this engine, the setting changes the text
+    for entry_point in ENTRY_POINTS:
+        assert reply(entry_point, engine, given) == expected, entry_point
 
 
 # -- checked once ---------------------------------------------------------------------------------------------------

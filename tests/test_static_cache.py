@@ -103,17 +103,44 @@ def test_a_static_cache_is_reused_across_requests_and_grows_when_outrun(engine_o
     assert grown.completion_ids == eager.generate_ids(longer, max_new_tokens=250, mode="large").completion_ids
 
 
-def test_a_failed_request_leaves_a_static_cache_usable(engine_over):
-    engine = engine_over(kv_cache="static")
+@pytest.mark.parametrize("kv_cache", ["static", "dynamic"])
+def test_a_forward_pass_that_raises_mid_request_leaves_the_engine_as_a_fresh_one(engine_over, monkeypatch, kv_cache):
+    """docs/reliability.md, "a forward pass that raises": both caches are dropped (``reset``) rather than trusted, so
+    the next request is what a fresh engine writes. The pass fails inside the large model's last layer, after the
+    layers before it wrote the new position into the cache: a half-written cache, as a real failure leaves one."""
+    engine = engine_over(kv_cache=kv_cache)
     prompt_ids = engine.encode_messages(MESSAGES)
-    expected = engine_over().generate_ids(prompt_ids, max_new_tokens=12, mode="large")
-    stream = engine.stream_ids(prompt_ids, max_new_tokens=12, mode="large")
-    next(stream)
-    stream.close()  # an abandoned stream, then a fresh request
-    runner = engine.backend.runners["large"]
-    runner.reset()
-    assert runner.cache is not None and int(runner.cache.layers[0].get_seq_length()) == 0
-    assert engine.generate_ids(prompt_ids, max_new_tokens=12, mode="large").completion_ids == expected.completion_ids
+    finished = engine_over(kv_cache=kv_cache).generate_ids(prompt_ids, max_new_tokens=40)
+    # The next request continues the conversation past where the failed one broke off: a runner that trusted its
+    # cache would keep every position it believes it holds (nothing to crop) and run on after the stale one.
+    continued = prompt_ids + finished.completion_ids
+    expected = engine_over(kv_cache=kv_cache).generate_ids(continued, max_new_tokens=16)
+
+    large = engine.backend.runners["large"]
+    last_layer = large.model.model.layers[-1]
+    real_forward = last_layer.forward
+    # Per call of the last layer: positions the first layer has written beyond the ids the runner has committed.
+    written_ahead: list[int] = []
+    fail_at = 6  # the large model's sixth pass: after the prompt and some of its own and the small model's tokens
+
+    def failing_forward(*args: object, **kwargs: object) -> object:
+        written_ahead.append(int(large.cache.layers[0].get_seq_length()) - len(large.cached_ids))
+        if len(written_ahead) == fail_at:
+            raise RuntimeError("injected failure in the large model's last layer")
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(last_layer, "forward", failing_forward)
+    streamed: list[str] = []
+    with pytest.raises(RuntimeError, match="injected failure"):
+        for event in engine.stream_ids(prompt_ids, max_new_tokens=40):
+            streamed.append(event.text)
+    monkeypatch.undo()
+    # The request failed mid-way (text had reached the caller) and left the first layer a position ahead.
+    assert "".join(streamed) and written_ahead[-1] > 0, (streamed, written_ahead)
+
+    got = engine.generate_ids(continued, max_new_tokens=16)
+    assert outcome(got) == outcome(expected)
+    assert got.usage.reused_prefix_tokens == expected.usage.reused_prefix_tokens == 0  # neither cache was trusted
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from relaygen_integrations.engine.core.configuration import PairConfiguration
 from relaygen_integrations.engine.core.cues import shipped_profile
 from relaygen_integrations.engine.core.verify import VerifyRule
 
+REPO = Path(__file__).resolve().parents[1]  # the benchmark data the shipped profile cites
 LARGE = "We add two and three. So the answer is five. Then we are done."
 WRONG = "We add two and three. So the answer is nine. Then we are done."  # one wrong word, of the same length
 
@@ -194,8 +196,20 @@ def test_the_engine_default_rule_applies_to_requests_that_leave_verify_unset(tok
 
 
 def test_the_demo_pair_ships_the_rule_its_benchmark_chose():
+    """The rule the demo pair gets is read from its benchmark's results, not from the profile that names it: of the
+    rules the benchmark ran, the one run on every problem the large model ran that solves as many (the others lost
+    problems and were stopped early, docs/benchmarks.md#verified-relay)."""
     profile = json.loads(shipped_profile("demo").read_text(encoding="utf-8"))
+    benchmark = profile["verify"]["benchmark"]
+    assert benchmark.startswith("benchmarks/data/")  # where the choice is measured
+    summary = json.loads((REPO / benchmark / "results.json").read_text(encoding="utf-8"))["summary"]
+    large = summary["large"]
+    keeping = [
+        mode.removeprefix("relay+verify@")
+        for mode, row in summary.items()
+        if mode.startswith("relay+verify@") and row["n"] == large["n"] and row["accuracy"] >= large["accuracy"]
+    ]
     rule = PairConfiguration.shipped("demo").verify
-    assert rule is not None and VerifyRule.parse(rule).spec == profile["verify"]["rule"]
-    assert profile["verify"]["benchmark"].startswith("benchmarks/data/")  # where the choice is measured
+    assert len(keeping) == 1 and rule == keeping[0], (keeping, rule)
+    assert VerifyRule.parse(rule).spec == rule
     assert PairConfiguration.shipped(None).verify is None and PairConfiguration.shipped("no-such-pair").verify is None
