@@ -1,6 +1,9 @@
 """Structured output on the real demo pair: 20 varied prompts, one nested pydantic schema, and every result
 validates - through LangChain's ``with_structured_output(method="json_schema")``, LlamaIndex's ``structured_predict``
-/ ``as_structured_llm`` and ``relaygen serve``'s ``response_format`` (each under the schema's grammar)."""
+/ ``as_structured_llm`` and ``relaygen serve``'s ``response_format`` (each under the schema's grammar). The three
+fronts share the 20 prompts between them (every third prompt each) rather than each answering all 20: the grammar is
+the same engine code behind all three, and 60 answers of up to 160 tokens took 17 min on a 2-core CPU without bf16
+instructions, more than CI can give one file."""
 
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ PROMPTS = [
         ["Describe", "Tell me about", "Give me the facts on", "What do you know about"] * 5, LANDMARKS, strict=True
     )
 ]  # fmt: skip
+LANGCHAIN_PROMPTS, LLAMA_INDEX_PROMPTS, SERVER_PROMPTS = PROMPTS[0::3], PROMPTS[1::3], PROMPTS[2::3]
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +47,8 @@ def test_langchain_json_schema_output_validates(engine):
     from relaygen_integrations.langchain import RelayChatModel
 
     structured = RelayChatModel(engine=engine, max_tokens=160).with_structured_output(Landmark, method="json_schema")
-    results = [structured.invoke(prompt) for prompt in PROMPTS]
-    assert all(isinstance(result, Landmark) for result in results)
+    results = [structured.invoke(prompt) for prompt in LANGCHAIN_PROMPTS]
+    assert len(results) == 7 and all(isinstance(result, Landmark) for result in results)
 
 
 def test_llama_index_structured_predict_validates(engine):
@@ -54,11 +58,12 @@ def test_llama_index_structured_predict_validates(engine):
     from relaygen_integrations.llama_index import RelayLLM
 
     llm = RelayLLM(engine=engine, max_tokens=160)
-    half = len(PROMPTS) // 2
-    predicted = [llm.structured_predict(Landmark, PromptTemplate("{question}"), question=p) for p in PROMPTS[:half]]
-    assert all(isinstance(result, Landmark) for result in predicted)
+    half = len(LLAMA_INDEX_PROMPTS) // 2
+    template = PromptTemplate("{question}")
+    predicted = [llm.structured_predict(Landmark, template, question=p) for p in LLAMA_INDEX_PROMPTS[:half]]
+    assert len(predicted) == 3 and all(isinstance(result, Landmark) for result in predicted)
     structured = llm.as_structured_llm(Landmark)
-    for prompt in PROMPTS[half:]:
+    for prompt in LLAMA_INDEX_PROMPTS[half:]:
         response = structured.chat([ChatMessage(role="user", content=prompt)])
         assert isinstance(response.raw, Landmark)
 
@@ -71,7 +76,7 @@ def test_server_response_format_validates(engine):
         "json_schema": {"name": "landmark", "schema": Landmark.model_json_schema()},
     }
     with TestClient(create_app(engine)) as client:
-        for prompt in PROMPTS:
+        for prompt in SERVER_PROMPTS:
             body = {
                 "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": 160,
