@@ -1,10 +1,11 @@
 """Agent tool loops on the real demo pair, constrained (the default): a hand-built LangGraph loop (``StateGraph`` +
-``ToolNode`` + ``tools_condition``) and a LlamaIndex ``FunctionAgent`` each finish at least 4 of their 5 tasks of
-``benchmarks/agent_loops.py`` with one right tool call and the right answer; between them they cover all 10 tasks
-(LangGraph the even-numbered, LlamaIndex the odd). Ten tasks per framework cost ~26 min per framework on a 2-core
-AVX2-only EPYC, where the large model's bf16 passes over several positions cost several decode steps: the suite has
-to fit CI's time there too. The benchmark runs all ten tasks on both frameworks, constrained and not, and keeps the
-counts (``benchmarks/data/agent-loops``: 10 of 10 constrained on both).
+``ToolNode`` + ``tools_condition``) and a LlamaIndex ``FunctionAgent`` each run three tasks of
+``benchmarks/agent_loops.py`` and must finish at least two with one right tool call and the right answer; between
+them they use all four tools. A task costs ~60 s on a 2-core CPU without bf16 instructions (10 min for the ten tasks
+this file ran before), so CI gets six. The benchmark runs all ten tasks on both frameworks, constrained and not, and
+keeps the counts (``benchmarks/data/agent-loops``: 10 of 10 constrained on both, on an AVX512-BF16 EPYC). One miss
+is allowed because greedy text is not the same on every CPU: a bf16 pass over several positions rounds differently
+from one machine's kernels to another's (docs/benchmarks.md counts how often texts part).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from relaygen_integrations import RelayEngine
 from relaygen_integrations.registry import pair_paths
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from agent_loops import TASKS, run_task
+from agent_loops import TASKS, TOOLS, run_task
 
 pytestmark = pytest.mark.real_pair
 
@@ -30,8 +31,17 @@ def engine() -> RelayEngine:
     return RelayEngine.shared()  # what RelayChatModel() and RelayLLM() run: the pair's shipped default
 
 
-@pytest.mark.parametrize(("framework", "first"), [("langgraph", 0), ("llamaindex", 1)])
-def test_agent_loops_finish_with_the_right_call_and_answer(engine, framework, first):
-    outcomes = [run_task(engine, framework, True, index) for index in range(first, len(TASKS), 2)]
+# LangGraph: add, subtract, the weather in Paris; LlamaIndex: multiply, the weather in Tokyo, a subtraction in words.
+TASKS_BY_FRAMEWORK = {"langgraph": (0, 2, 3), "llamaindex": (1, 6, 9)}
+
+
+@pytest.mark.parametrize("framework", sorted(TASKS_BY_FRAMEWORK))
+def test_agent_loops_finish_with_the_right_call_and_answer(engine, framework):
+    outcomes = [run_task(engine, framework, True, index) for index in TASKS_BY_FRAMEWORK[framework]]
     failed = [(o.task, o.first_call, o.calls, o.answer[:80], o.error) for o in outcomes if not o.passed]
-    assert len(outcomes) == 5 and len(outcomes) - len(failed) >= 4, failed
+    assert len(outcomes) == 3 and len(failed) <= 1, failed
+
+
+def test_the_two_frameworks_use_every_tool():
+    used = {TASKS[index].tool for indices in TASKS_BY_FRAMEWORK.values() for index in indices}
+    assert used == {tool.__name__ for tool in TOOLS}
