@@ -26,7 +26,8 @@ from relaygen_integrations.engine import GenerationError
 from relaygen_integrations.engine.core.spans import FinalEvent, SwitchEvent, TextEvent
 from relaygen_integrations.engine.remote.endpoint import EndpointError
 
-pytestmark = pytest.mark.serving_engine
+# Each engine's first test also starts its two servers (scripts/serving_engines.sh waits up to 10 min for each).
+pytestmark = [pytest.mark.serving_engine, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "serving_engines.sh"
