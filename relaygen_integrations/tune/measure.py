@@ -25,6 +25,7 @@ from typing import Protocol
 
 import torch
 
+from ..engine.local.runner import cache_keyword
 from ..engine.local.wide_passes import wide_pass, wide_pass_rows
 from .costs import PassCostTable
 
@@ -120,9 +121,10 @@ class ModelPassTimer:
         assert self.model is not None
         device = next(self.model.parameters()).device
         ids = torch.randint(1000, 20000, (1, positions), device=device)
+        cache = {cache_keyword(self.model): self.cache}
         start = time.perf_counter()
         with wide_pass(wide_pass_rows(self.model), positions):  # as the engine's runner runs a pass this wide
-            self.model(ids, past_key_values=self.cache, use_cache=True, logits_to_keep=positions)
+            self.model(ids, use_cache=True, logits_to_keep=positions, **cache)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start

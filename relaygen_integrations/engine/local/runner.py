@@ -36,6 +36,12 @@ PASS_KINDS = ("prefill", "decode", "catchup", "draft", "verify_drafts", "verify_
 ForwardObserver = Callable[[int, int], None]
 
 
+def cache_keyword(model: PreTrainedModel) -> str:
+    """The keyword ``model.forward`` takes its KV cache under: transformers 5.x renamed ``past_key_values`` to
+    ``cache`` (the old name warns, then goes away in 5.40)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @dataclass
 class ForwardStats:
     """Where a runner's forward work went during one request (whose tokens they were: ``Transcript``)."""
@@ -76,9 +82,7 @@ class ModelRunner:
     wide_rows: int | None = field(init=False, default=None)  # passes this wide run their linears in fp32 (wide_passes)
 
     def __post_init__(self) -> None:
-        # transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name warns, then goes away in 5.40).
-        params = inspect.signature(self.model.forward).parameters
-        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.cache_kwarg = cache_keyword(self.model)
         if self.options.static:
             check_static_support(self.model)
         if self.options.compile:
