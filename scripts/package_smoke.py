@@ -3,9 +3,10 @@ in a fresh virtualenv that holds the wheel and nothing of the repository).
 
 It imports both adapters, finds the package data a wheel must carry (the demo's GSM8K problems, the shipped
 profiles), runs ``relaygen demo --help``, and answers one shipped problem with ``relaygen bench`` on a tiny
-random-weight pair built here from the tokenizer fixture (``--tokenizer DIR``, the uncompressed fixture) — so the
-engine, the bench and its report (matplotlib) run from the installed files. ``--imports-only`` stops after the
-imports and the data (the floor install: its point is that the declared floors import).
+random-weight pair (``--pair DIR`` holding ``large/`` and ``small/``: the tests' ``tiny_qwen2``, saved by
+package_check.sh), so the engine, the bench and its report (matplotlib) run from the installed files.
+``--imports-only`` stops after the imports and the data (the floor install: its point is that the declared floors
+import).
 
 Exit status 0 when everything held; otherwise the first failure, named.
 """
@@ -38,34 +39,6 @@ def check_imports_and_data() -> None:
     print(f"imports: {RelayChatModel.__name__}, {RelayLLM.__name__}; {len(problems)} demo problems; {profiles}")
 
 
-def tiny_pair(tokenizer_dir: Path, into: Path) -> tuple[Path, Path]:
-    """Two tiny random-weight Qwen2 models that share the fixture tokenizer, saved as a user's checkpoints are."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    paths = []
-    for name, seed in (("large", 1), ("small", 2)):
-        torch.manual_seed(seed)
-        config = Qwen2Config(
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=4096,
-            eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-            tie_word_embeddings=True,
-        )
-        path = into / name
-        Qwen2ForCausalLM(config).save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        paths.append(path)
-    return paths[0], paths[1]
-
-
 def run(command: list[str]) -> None:
     print("$", " ".join(command), flush=True)
     subprocess.run(command, check=True)
@@ -73,22 +46,21 @@ def run(command: list[str]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokenizer", type=Path, help="an uncompressed copy of tests/fixtures/qwen2_tokenizer")
+    parser.add_argument("--pair", type=Path, help="a directory holding large/ and small/ checkpoints")
     parser.add_argument("--imports-only", action="store_true")
     args = parser.parse_args()
     check_imports_and_data()
     if args.imports_only:
         return 0
-    if args.tokenizer is None:
-        parser.error("--tokenizer is required unless --imports-only")
+    if args.pair is None:
+        parser.error("--pair is required unless --imports-only")
     relaygen = shutil.which("relaygen", path=str(Path(sys.executable).parent))
     if relaygen is None:
         raise SystemExit(f"no relaygen script next to {sys.executable}")
     run([relaygen, "demo", "--help"])
     with tempfile.TemporaryDirectory() as tmp:
-        large, small = tiny_pair(args.tokenizer, Path(tmp))
         out = Path(tmp) / "bench"
-        pair = ["--large", str(large), "--small", str(small), "--dtype", "fp32"]
+        pair = ["--large", str(args.pair / "large"), "--small", str(args.pair / "small"), "--dtype", "fp32"]
         budget = ["--n", "1", "--modes", "large,relay", "--max-new-tokens", "16"]
         run([relaygen, "bench", *pair, *budget, "--out", str(out)])
         saved = json.loads((out / "results.json").read_text())

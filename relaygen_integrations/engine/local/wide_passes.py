@@ -2,7 +2,7 @@
 
 On a CPU without AVX512-BF16 or AMX (``cpu.has_native_bf16``), torch runs a bf16 matmul by converting as it goes,
 and its cost grows with every position: on the 2-core AVX2 EPYC a pass of the 1.5B model over 400 positions takes
-71 s in bf16, against 11.8 s when each linear layer's weight is converted to fp32 once and the matmul runs in fp32
+70.7 s in bf16, against 11.95 s when each linear layer's weight is converted to fp32 once and the matmul runs in fp32
 (``benchmarks/data/wide-passes-avx2``). Converting a weight costs about what a few positions do, so narrow passes
 (decode steps, draft checks) stay in bf16 and only a linear layer that reads at least ``WIDE_FROM_ROWS`` rows is
 upcast: prompts, catch-ups and long verifications. The weights stay bf16 in memory (an fp32 copy of the large model
