@@ -25,8 +25,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--dtype",
         default="bf16",
-        help="bf16 | fp32 | int8 (CPU: int8 linear layers) | fast (int8 on a CPU) | auto (the pair's shipped "
-        "formats); LARGE/SMALL gives each model its own (bf16/int8); a mode may name its own as MODE#FORMATS",
+        help="bf16 | fp32 | int8 (CPU: int8 linear layers) | gguf (CPU: the GGUF's 4-bit tensors as int4) | fast "
+        "(int8 on a CPU) | auto (the pair's shipped formats); LARGE/SMALL gives each model its own (bf16/int8); "
+        "a mode may name its own as MODE#FORMATS",
     )
     parser.add_argument("--kv-cache", choices=("auto", "dynamic", "static"), default="auto", help="KV cache layout")
     parser.add_argument("--compile", action="store_true", help="compile the one-token decode steps (static cache)")

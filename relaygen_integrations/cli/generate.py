@@ -31,7 +31,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default="auto",
-        help="auto (the pair's shipped formats, else bf16) | fast (int8 on a CPU, bf16 on CUDA) | bf16 | fp32 | int8"
+        help="auto (the pair's shipped formats, else bf16) | fast (int8 on a CPU, bf16 on CUDA) | bf16 | fp32 | int8 "
+        "| gguf (CPU: the GGUF's own 4-bit weights)"
         " (CPU); LARGE/SMALL gives each model its own, e.g. bf16/int8",
     )
     parser.add_argument("--device", default="auto")

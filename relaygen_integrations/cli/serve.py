@@ -29,7 +29,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--dtype",
         default="auto",
-        help="auto (the pair's shipped formats, else bf16) | fast (int8 on a CPU, bf16 on CUDA) | bf16 | fp32 | int8"
+        help="auto (the pair's shipped formats, else bf16) | fast (int8 on a CPU, bf16 on CUDA) | bf16 | fp32 | int8 "
+        "| gguf (CPU: the GGUF's own 4-bit weights)"
         " (CPU); LARGE/SMALL gives each model its own (e.g. bf16/int8; --single: one format)",
     )
     parser.add_argument("--device", default="auto")

@@ -65,15 +65,15 @@ def pair_model_loader(pair: str, device: torch.device) -> Callable[[str, str], t
     """Loads the known pair's model for ``role`` in ``fmt`` as the engine would hold it. fp32 is timed on the bf16
     copy upcast (the same shapes and kernels; the fp32 copy's values only matter for what it writes)."""
     from ..engine.core.pairs import resolve_reference
-    from ..engine.local.loading import load_causal_lm
-    from ..engine.local.weights import pick_weights, quantize_linear_int8
+    from ..engine.local.loading import gguf_source, in_format, load_causal_lm
+    from ..engine.local.weights import pick_weights
 
     def load(role: str, fmt: str) -> torch.nn.Module:
         weights = pick_weights(fmt, device)
         reference, _ = resolve_reference(pair, role, "bf16")  # type: ignore[arg-type]
         model = load_causal_lm(reference, torch.bfloat16, device)
-        if weights.quantized:
-            return quantize_linear_int8(model)
+        if weights.quantized or weights.gguf_int4:
+            return in_format(model, weights, gguf_source(pair, reference, role) if weights.gguf_int4 else None)
         return model.to(weights.dtype)
 
     return load

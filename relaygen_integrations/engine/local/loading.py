@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -14,7 +15,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from ..core.configuration import pair_formats
 from ..core.pairs import ModelLoadError, check_tokenizers_match, known_pair, load_tokenizer, resolve_reference
-from .weights import PairDTypeSpec, dtype_tag, pick_pair_weights, pick_weights, quantize_linear_int8
+from .weights import PairDTypeSpec, WeightFormat, dtype_tag, pick_pair_weights, pick_weights, quantize_linear_int8
 
 Loaded = TypeVar("Loaded")
 
@@ -121,10 +122,11 @@ def load_pair(
     tokenizer = load_tokenizer(large_ref, trust_remote_code)
     check_tokenizers_match(tokenizer, load_tokenizer(small_ref, trust_remote_code))
     models = []
-    for role, ref in (("large", large_ref), ("small", small_ref)):
+    for role, ref, given in (("large", large_ref, large), ("small", small_ref, small)):
         fmt = weights[role]  # type: ignore[index]
+        source = gguf_source(given, ref, role) if fmt.gguf_int4 else None  # missing: refused before loading
         model = load_causal_lm(ref, fmt.source_dtype, device, trust_remote_code, allow_pickle)
-        models.append(quantize_linear_int8(model) if fmt.quantized else model)
+        models.append(in_format(model, fmt, source))
     return LoadedPair(
         models[0], models[1], tokenizer,
         large_name=large if pair is None else f"{pair}:large",
@@ -141,8 +143,46 @@ def load_model(
     torch_device = pick_device(device)
     weights = pick_weights(dtype, torch_device)
     reference, _pair = resolve_reference(ref, "large", dtype_tag(weights.source_dtype))
+    source = gguf_source(ref, reference, "large") if weights.gguf_int4 else None
     model = load_causal_lm(reference, weights.source_dtype, torch_device)
-    return (quantize_linear_int8(model) if weights.quantized else model), load_tokenizer(reference)
+    return in_format(model, weights, source), load_tokenizer(reference)
+
+
+def gguf_source(given: str, resolved: str, role: str) -> Path:
+    """The GGUF file whose 4-bit tensors ``dtype='gguf'`` computes with: a known pair's downloaded file for the role
+    (``demo``, ``demo:small``), else the one ``*.gguf`` file in the model's directory."""
+    from ...registry import specs
+    from ...registry.resolve import pair_gguf_paths
+
+    pair, _, named_role = given.partition(":")
+    if pair in specs.KNOWN_PAIRS:
+        paths = pair_gguf_paths(pair)
+        if paths is None:
+            raise ModelLoadError(
+                f"dtype 'gguf' reads the {pair!r} pair's GGUF files, which are not kept here: run "
+                f"`relaygen models fetch {pair}` (it keeps them unless told not to)"
+            )
+        return Path(paths.for_role(named_role or role))  # type: ignore[arg-type]
+    files = sorted(Path(resolved).glob("*.gguf")) if Path(resolved).is_dir() else []
+    if len(files) != 1:
+        found = ", ".join(f.name for f in files) or "none"
+        raise ModelLoadError(
+            f"dtype 'gguf' needs exactly one .gguf file beside the model in {resolved!r} (found: {found}); use "
+            "dtype='bf16' or 'int8' for a model without one"
+        )
+    return files[0]
+
+
+def in_format(model: PreTrainedModel, fmt: WeightFormat, gguf_file: Path | None = None) -> PreTrainedModel:
+    """A model loaded in ``fmt.source_dtype`` turned into ``fmt``: int8 layers, or the GGUF's int4 layers."""
+    if fmt.quantized:
+        return quantize_linear_int8(model)
+    if fmt.gguf_int4:
+        from .gguf_int4 import use_gguf_int4
+
+        assert gguf_file is not None, "gguf_source() names the file before the model loads"
+        use_gguf_int4(model, gguf_file)
+    return model
 
 
 def pair_key(

@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 
 from ..core.spans import ModelRole
 
-DTypeName = Literal["auto", "fast", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "int8"]
+DTypeName = Literal["auto", "fast", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32", "int8", "gguf"]
 
 _DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
@@ -38,11 +38,13 @@ def pick_dtype(dtype: str | torch.dtype = "auto", device: torch.device | None = 
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """How a model's weights are held: a torch dtype, or int8-quantized linear layers over fp32 activations."""
+    """How a model's weights are held: a torch dtype, int8-quantized linear layers over fp32 activations, or the
+    GGUF's own 4-bit tensors as int4 layers over bf16 activations (``gguf_int4.py``)."""
 
     name: str
-    dtype: torch.dtype  # the activations' dtype, and the weights' unless ``quantized``
+    dtype: torch.dtype  # the activations' dtype, and the weights' unless ``quantized`` or ``gguf_int4``
     quantized: bool = False
+    gguf_int4: bool = False
 
     @property
     def source_dtype(self) -> torch.dtype:
@@ -61,6 +63,10 @@ def pick_weights(dtype: str | torch.dtype = "auto", device: torch.device | None 
     ~2x and an 8-position pass ~6x cheaper there (docs/benchmarks.md). It changes the numbers the model computes,
     so its answers differ from bf16's: measure accuracy before relying on it.
 
+    ``gguf`` (CPU only) computes each 4-bit tensor of the model's GGUF file (Q4_K, Q4_1, Q4_0) with its own codes
+    through torch's int4 kernel, bf16 activations, and keeps the other tensors in bf16 (``gguf_int4.py``): the
+    distributed model's values up to the rounding of each group's scale, half a byte a 4-bit weight.
+
     ``fast`` picks by the hardware: int8 on a CPU, bf16 on CUDA. On CPUs int8 was measured ~2x cheaper per decode
     step than bf16 both without native bf16 instructions (AVX2 EPYC: 176 vs 372 ms for the 1.5B model) and with them
     (AMX Xeon: 83 vs 180 ms), and cheaper for every pass up to 32 positions (docs/benchmarks.md). It is opt-in rather
@@ -72,12 +78,14 @@ def pick_weights(dtype: str | torch.dtype = "auto", device: torch.device | None 
     if dtype == "fast":
         on_cpu = device is None or device.type == "cpu"
         return pick_weights("int8" if on_cpu else "bf16", device)
+    if dtype in ("int8", "gguf") and device is not None and device.type != "cpu":
+        raise ValueError(f"dtype {dtype!r} runs on the CPU only (torch's int8 / int4 CPU matmuls), not on {device}")
     if dtype == "int8":
-        if device is not None and device.type != "cpu":
-            raise ValueError(f"dtype 'int8' (dynamic int8 quantization) runs on the CPU only, not on {device}")
         return WeightFormat("int8", torch.float32, quantized=True)
+    if dtype == "gguf":
+        return WeightFormat("gguf", torch.bfloat16, gguf_int4=True)
     if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of {['auto', 'fast', *_DTYPES, 'int8']}")
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {['auto', 'fast', *_DTYPES, 'int8', 'gguf']}")
     return WeightFormat(_CANONICAL[_DTYPES[dtype]], _DTYPES[dtype])
 
 
