@@ -50,11 +50,19 @@ class ScriptedLM(torch.nn.Module):
     exercised exactly as with a real model. ``fed`` records every forward pass's token count.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, reference: str, prompt_len: int | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        reference: str,
+        prompt_len: int | None = None,
+        after_result: str | None = None,
+    ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
         self.reference = reference
         self.prompt_len = prompt_len
+        # The reply of a turn whose prompt holds a tool's result (an agent's second turn), if it differs.
+        self.after_result = after_result
         self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
         self.header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
@@ -71,11 +79,17 @@ class ScriptedLM(torch.nn.Module):
         return self._anchor.device
 
     def next_token(self, sequence: list[int]) -> int:
-        written = self.tokenizer.decode(sequence[self._completion_start(sequence) :], skip_special_tokens=False)
-        rest = self.reference[len(written) :]
+        start = self._completion_start(sequence)
+        written = self.tokenizer.decode(sequence[start:], skip_special_tokens=False)
+        rest = self._reference(sequence[:start])[len(written) :]
         if not rest:
             return self.eos
         return self.tokenizer.encode(rest, add_special_tokens=False)[0]
+
+    def _reference(self, prompt: list[int]) -> str:
+        if self.after_result is not None and "<tool_response>" in self.tokenizer.decode(prompt):
+            return self.after_result
+        return self.reference
 
     def _completion_start(self, sequence: list[int]) -> int:
         """Fixed, or (prompt_len=None) right after the last "<|im_start|>assistant\n": then the reference is the whole
@@ -120,11 +134,13 @@ def scripted_engine(
     return engine, large, small
 
 
-def chat_engine(tokenizer: PreTrainedTokenizerBase, reply: str, cues: list[str] | None = None) -> RelayEngine:
-    """A scripted engine for any chat (tools, prefills): the large model writes ``reply`` as its assistant turn, the
-    small model the same in upper case."""
-    large = ScriptedLM(tokenizer, reply)
-    small = ScriptedLM(tokenizer, reply.upper())
+def chat_engine(
+    tokenizer: PreTrainedTokenizerBase, reply: str, cues: list[str] | None = None, after_result: str | None = None
+) -> RelayEngine:
+    """A scripted engine for any chat (tools, prefills): the large model writes ``reply`` as its assistant turn (or
+    ``after_result`` once the chat holds a tool's result), the small model the same in upper case."""
+    large = ScriptedLM(tokenizer, reply, after_result=after_result)
+    small = ScriptedLM(tokenizer, reply.upper(), after_result=after_result.upper() if after_result else None)
     return RelayEngine.from_models(large, small, tokenizer, cues=list(cues or ["So"]))  # type: ignore[arg-type]
 
 

@@ -117,8 +117,11 @@ NOT_MEASURED = (
     NotMeasured("docs/architecture.md", "engine setting, default 0.8", "a setting's default"),
     NotMeasured("docs/benchmarks.md", "< 0.8 probability", "the draft_confidence setting"),
     NotMeasured("docs/calibration.md", "delta > +0.04", "a threshold to try next, not a result"),
-    NotMeasured("docs/reliability.md", "retries back off 0.25 s, 0.5 s", "a setting: the remote backend's backoff"),
-    NotMeasured("docs/scaling.md", "after 0.25 s and 0.5 s", "a setting: the remote backend's backoff"),
+    NotMeasured(
+        "docs/reliability.md", "retries back off about 0.5 s, 1 s", "a setting: the openai SDK's backoff, as it says"
+    ),
+    NotMeasured("docs/reliability.md", "sent nothing for 60.0 s", "a setting: the remote backend's default timeout"),
+    NotMeasured("docs/scaling.md", "after about 0.5 s and 1 s", "a setting: the openai SDK's backoff, as it says"),
     NotMeasured("docs/reliability.md", "grows by 5 % or more", "the memory soak's limit, not a result"),
     NotMeasured("docs/scaling.md", "24 GiB", "the machine's memory: a specification"),
     NotMeasured("docs/scaling.md", "× 2 bytes = 256 KiB", "computed from Qwen3-32B's config"),

@@ -27,6 +27,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.program.function_program import get_function_tool
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
+from llama_index.core.types import PydanticProgramMode
 from llama_index_events import Collector
 from transformers import PreTrainedTokenizerBase
 
@@ -430,14 +431,15 @@ class Answer(BaseModel):
 
 
 def test_structured_predict_goes_through_a_forced_tool_call(tokenizer):
-    """LlamaIndex's default structured output for function-calling LLMs: a required call of a tool built from the
-    output class (FunctionCallingProgram), parsed back into the class."""
+    """LlamaIndex's structured output for function-calling LLMs in ``PydanticProgramMode.FUNCTION`` (the default is
+    a JSON answer, ``test_llama_index_structured.py``): a required call of a tool built from the output class
+    (FunctionCallingProgram), parsed back into the class."""
     spec = get_function_tool(Answer).metadata.to_openai_tool(skip_length_check=True)
     prefix = forced_prefix("required", [spec])
     assert prefix is not None
     call = '<tool_call>\n{"name": "Answer", "arguments": {"value": 5, "unit": "apples"}}\n</tool_call>'
     engine = make_engine(tokenizer, call[len(prefix) :], small="", cues=[], tools=[spec], prefix=prefix)
-    llm = RelayLLM(engine=engine, max_tokens=100)
+    llm = RelayLLM(engine=engine, max_tokens=100, pydantic_program_mode=PydanticProgramMode.FUNCTION)
     assert llm.structured_predict(Answer, PromptTemplate("Solve it.")) == Answer(value=5, unit="apples")
 
 

@@ -332,7 +332,7 @@ def test_dead_endpoint_fails_fast_naming_the_url(tokenizer):
     started = time.monotonic()
     with engine, pytest.raises(EndpointError, match=re.escape(url)) as info:
         engine.generate(MESSAGES, max_new_tokens=4)
-    # A refused connection is not waited on: two attempts and one 0.25 s backoff, far from the 60 s timeout.
+    # A refused connection is not waited on: two attempts and one backoff of about 0.5 s, far from the 60 s timeout.
     assert time.monotonic() - started < 30
     assert "2 attempt(s)" in str(info.value) and info.value.url == f"{url}/completions"
 

@@ -43,12 +43,12 @@ class ScriptedEndpoint:
         self.max_stop_strings: int | None = None
         self.bodies: list[dict[str, Any]] = []
 
-    def send(self, method: str, url: str, body: dict[str, Any], stream: bool = False) -> str:
+    def stream(self, body: dict[str, Any]) -> str:
         self.bodies.append(dict(body))
         if self.text_prompts_only and not isinstance(body["prompt"], str):
-            raise EndpointError(url, LLAMA_CPP_ID_PROMPT, 500)
+            raise EndpointError(URL, LLAMA_CPP_ID_PROMPT, 500)
         if self.max_stops is not None and len(body.get("stop", [])) > self.max_stops:
-            raise EndpointError(url, VLLM_TOO_MANY_STOPS.replace("4", str(self.max_stops)), 400)
+            raise EndpointError(URL, VLLM_TOO_MANY_STOPS.replace("4", str(self.max_stops)), 400)
         return "response"
 
 

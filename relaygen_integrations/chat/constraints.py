@@ -5,8 +5,9 @@ templates teach, ``<tool_call>``); from there to the closing tag the JSON must b
 arguments; more calls may follow when the request allows parallel calls (as the template renders them), then only
 the end. ``"required"``
 (``"any"``, ``True``) forces calls from the first token; a named tool forces one call of that tool. A JSON
-``response_format`` makes the answer one JSON object (under its schema). A thinking pair writes its reasoning first:
-the grammar lets it through, free, up to the reasoning end.
+``response_format`` makes the answer one JSON object (under its schema); with tools as well (``"auto"``) the turn is
+a call or that object, nothing else (what ChatOpenAI's strict mode gives). A thinking pair writes its reasoning
+first: the grammar lets it through, free, up to the reasoning end.
 
 The grammars are Lark in llguidance's dialect (``engine/constraints/grammar.py`` applies them): a special token is
 ``<[id]>``; a tag that is plain text is matched lazily (the free text ends at its first occurrence). JSON is compact
@@ -83,11 +84,17 @@ def forced_tool(tool_choice: Any) -> str | None:
 
 
 def tool_call_grammar(
-    tools: Sequence[Mapping[str, Any]], tool_choice: Any, tokenizer: GrammarTokenizer, parallel: bool = False
+    tools: Sequence[Mapping[str, Any]],
+    tool_choice: Any,
+    tokenizer: GrammarTokenizer,
+    parallel: bool = False,
+    answer: str | None = None,
 ) -> tuple[str, str]:
     """The rules of a turn with ``tools`` under ``tool_choice`` (checked already): Lark rules and the name of the
     rule that is the turn. ``parallel``: more calls may follow the first (else the turn ends after one: given the
-    choice, the 1.5B demo model writes the same call again and again, ``benchmarks/data/agent-loops``)."""
+    choice, the 1.5B demo model writes the same call again and again, ``benchmarks/data/agent-loops``).
+    ``answer``: the grammar item of a JSON answer (:func:`json_item`), which takes the place of free text where
+    the choice leaves the model one (a response format with tools)."""
     named = forced_tool(tool_choice)
     chosen = [tool for tool in tools if tool["function"]["name"] == named] if named else list(tools)
     schemas = [call_schema(tool) for tool in chosen]
@@ -106,6 +113,12 @@ def tool_call_grammar(
         rules.append(f"turn: {open_tag} call_rest")
     elif not forces_nothing(tool_choice):
         rules.append(f"turn: {open_tag} call_rest{more}")
+    elif answer is not None:
+        # A call or the answer. Both open with a brace where the model writes the call bare, its own way (a small
+        # model opens a call as "{" far more than as the tag, ``opening.py``): the first token cannot tell them
+        # apart, so the grammar offers the bare call too and the model chooses at the first key, "name" or the
+        # answer's. The chat layer reads an object that is exactly a bound tool's call as that call.
+        rules += [f"answer: {answer}", f"turn: {open_tag} call_rest{more} | call_body | answer"]
     elif open_tag.startswith("<["):
         # Free text cannot hold a special token: it ends where the model writes the opening tag.
         rules += ["TEXT: /(.|\\n)*/", f"turn: TEXT ({open_tag} call_rest{more})?"]
@@ -115,9 +128,15 @@ def tool_call_grammar(
     return "\n".join(rules), "turn"
 
 
+def json_item(schema: Mapping[str, Any] | None) -> str:
+    """The grammar item of a JSON answer: one object under ``schema`` (``json_schema``), or any object
+    (``json_object``)."""
+    return _json(schema or {"type": "object"})
+
+
 def response_grammar(response_format: Mapping[str, Any], schema: Mapping[str, Any] | None) -> tuple[str, str]:
-    """The rules of a JSON answer: one object under ``schema`` (``json_schema``), or any object (``json_object``)."""
-    return f"turn: {_json(schema or {'type': 'object'})}", "turn"
+    """The rules of a turn that is a JSON answer (:func:`json_item`), with no tools."""
+    return f"turn: {json_item(schema)}", "turn"
 
 
 def turn_grammar(

@@ -75,6 +75,14 @@ class RelayModelFields(SettingFields):  # type: ignore[misc,valid-type]
         "are text, so a message cannot open a turn of its own; True only for messages that really hold chat markup.",
     )
 
+    # Not a generation setting: it changes the rendered prompt, which only the chat layer renders (the engine's own
+    # generate takes chat_template_kwargs), so it lives beside the chat fields, as ChatOllama's ``reasoning`` does.
+    reasoning: bool | None = Field(
+        default=None,
+        description="Thinking on (True) or off (False) through the chat template's switch (enable_thinking); None = "
+        "the pair's default. On a template without a switch, a request the pair cannot honour is a SettingsError.",
+    )
+
     _engine: RelayEngine | None = PrivateAttr(default=None)
 
     @field_validator("stop", mode="before")

@@ -16,20 +16,27 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.core.prompt import check_json_data, validate_messages
 from ..engine.core.settings import SettingsError, shown
-from .constraints import response_grammar, tool_call_grammar, turn_grammar
-from .reasoning import REASONING_START, ReasoningFormat, ReasoningSplitter, starts_in_reasoning
+from .constraints import json_item, response_grammar, turn_grammar
+from .reasoning import (
+    REASONING_START,
+    ReasoningFormat,
+    ReasoningSplitter,
+    starts_in_reasoning,
+    thinking_template_kwargs,
+)
 from .tool_calls import (
-    OPEN_TAG,
     InvalidToolCall,
     ParsedOutput,
     ToolCall,
     ToolCallStreamParser,
+    call_from_data,
     check_tool_choice,
     forced_prefix,
     forces_nothing,
     tool_names,
     validate_tools,
 )
+from .tool_formats import HERMES, StreamParser, chat_parser, chat_tool_format
 
 if TYPE_CHECKING:
     from ..engine.core.settings import GenerationPlan, GenerationSettings
@@ -71,6 +78,9 @@ class ChatRequest:
     response_format: Mapping[str, Any] | None = None  # checked
     parallel_tool_calls: bool = False  # under a grammar: more calls may follow the first
     constrained: bool = False  # runs under a grammar (set by ``_as_run`` for an engine whose backend masks tokens)
+    # The adapters' ``reasoning`` switch; it needs the pair's chat template, so it is applied where the chat renders
+    # (``reasoning.thinking_template_kwargs``). None: the pair's default.
+    reasoning: bool | None = None
 
 
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
@@ -108,6 +118,31 @@ def response_schema(response_format: Mapping[str, Any] | None) -> Mapping[str, A
     return schema
 
 
+def asks_json(response_format: Mapping[str, Any] | None) -> bool:
+    """Whether ``response_format`` (checked) asks for a JSON object (``json_object`` / ``json_schema``)."""
+    return response_format is not None and response_format.get("type") in ("json_object", "json_schema")
+
+
+def call_or_answer(request: ChatRequest) -> bool:
+    """Whether the turn is a tool call or a JSON answer, nothing else: tools the model may call (the choice forces
+    none) together with a JSON response format (``create_agent(model, tools, response_format=...)``)."""
+    return bool(request.tools) and forces_nothing(request.tool_choice) and asks_json(request.response_format)
+
+
+def bare_call(text: str, names: Iterable[str]) -> ToolCall | None:
+    """``text`` as a call where it is exactly one call object of a bound tool (``{"name": ..., "arguments":
+    {...}}``, nothing else): how a reply that is a call or a JSON answer writes a call without the tag. Else None:
+    it is the answer."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or set(data) != {"name", "arguments"} or data["name"] not in set(names):
+        return None
+    call = call_from_data(data, text.strip())
+    return call if isinstance(call, ToolCall) else None
+
+
 # Added to the system message of a chat whose history holds a tool's result. Measured on the demo pair (the ten tasks
 # of benchmarks/agent_loops.py, the turn after the result, greedy): without it the 1.5B model answered with the
 # result 2 times in 10 ("I apologize, but I cannot generate a response based on the provided XML structure"), with it
@@ -126,14 +161,16 @@ def add_system_text(chat: list[dict[str, Any]], text: str) -> None:
         chat.insert(0, {"role": "system", "content": text})
 
 
-def json_instruction(response_format: Mapping[str, Any]) -> str:
-    """System-prompt text asking for a bare JSON object (optionally matching a schema)."""
+def json_instruction(response_format: Mapping[str, Any], tools: bool = False) -> str:
+    """System-prompt text asking for a bare JSON object (optionally matching a schema); with ``tools`` (the model
+    may call them instead) it asks that of the answer only, so that it does not read as "never call a tool"."""
     schema = response_schema(response_format)
+    lead = "When you answer rather than call a tool, respond" if tools else "Respond"
     if schema:
-        return "Respond with a single JSON object, and nothing else, that matches this JSON schema:\n" + json.dumps(
+        return f"{lead} with a single JSON object, and nothing else, that matches this JSON schema:\n" + json.dumps(
             schema, ensure_ascii=False
         )
-    return "Respond with a single JSON object and nothing else."
+    return f"{lead} with a single JSON object and nothing else."
 
 
 def prepare_chat(
@@ -145,14 +182,17 @@ def prepare_chat(
     response_format: Mapping[str, Any] | None = None,
     raw_markup: bool = False,
     parallel_tool_calls: bool = False,
+    reasoning: bool | None = None,
 ) -> ChatRequest:
     """Validates the request and derives the prefill; ``tool_choice="none"`` hides the tools from the model, and a
     forced tool choice with no tools bound is a ``ToolSchemaError`` (never silently free text). ``settings``: the
     call's generation settings, merged once by the caller (``merge_settings``).
 
     ``response_format`` (OpenAI style: ``{"type": "json_object"}`` or ``{"type": "json_schema", "schema": ...}``)
-    adds a JSON instruction to the system message and, unconstrained, prefills ``{`` so the answer starts as JSON.
+    adds a JSON instruction to the system message and, unconstrained, prefills ``{`` so the answer starts as JSON -
+    unless tools are bound: then the reply may be a call, which a brace would rule out.
     ``parallel_tool_calls``: under a grammar, more calls may follow the first (default: one call a turn).
+    ``reasoning``: thinking on/off through the chat template's switch (None: the pair's default).
     """
     chat = validate_messages(messages)
     checked = validate_tools(tools) if tools is not None else None
@@ -163,16 +203,18 @@ def prepare_chat(
     prefix = forced_prefix(tool_choice, checked) if checked else None
     if checked and TOOL_RESULT_INSTRUCTION and any(message.get("role") == "tool" for message in chat):
         add_system_text(chat, TOOL_RESULT_INSTRUCTION)
-    if response_format and response_format.get("type") in ("json_object", "json_schema"):
-        add_system_text(chat, json_instruction(response_format))
-        prefix = prefix or "{"
+    if response_format is not None and asks_json(response_format):
+        add_system_text(chat, json_instruction(response_format, tools=bool(checked)))
+        prefix = prefix if checked else "{"  # with tools: a forced call's prefill, or none (a call or the answer)
     if not isinstance(parallel_tool_calls, bool):
         raise SettingsError(
             f"parallel_tool_calls must be true or false, got {shown(parallel_tool_calls)}", "parallel_tool_calls"
         )
+    if reasoning is not None and not isinstance(reasoning, bool):  # checked before the engine loads
+        raise SettingsError(f"reasoning must be true, false or None, got {shown(reasoning)}", "reasoning")
     return ChatRequest(
         chat, checked or None, prefix, chat_template_kwargs, settings, raw_markup, tool_choice, response_format,
-        parallel_tool_calls,
+        parallel_tool_calls, reasoning=reasoning,
     )  # fmt: skip
 
 
@@ -180,13 +222,16 @@ def _as_run(engine: RelayEngine, request: ChatRequest) -> ChatRequest:
     """The request as it runs on ``engine``: under a grammar (``chat/constraints.py``) when it has tools or a JSON
     response format, ``constrain`` is on, no grammar of its own was given and the backend can mask tokens; then the
     grammar enforces what the prefill would have (a forced call, the opening brace), so there is no prefill."""
+    if request.constrained:
+        return request
+    fmt = chat_tool_format(engine.tokenizer, request.settings.tool_format)
+    if request.tools and not forces_nothing(request.tool_choice) and fmt is not HERMES:
+        # prepare_chat (engine-free) prefills a forced call in the default, Hermes form: this model's template
+        # writes calls in another (``tool_formats``).
+        request = dataclasses.replace(request, prefix=fmt.forced_prefix(request.tool_choice, request.tools))
     settings = request.settings
-    json_format = bool(request.response_format) and request.response_format.get("type") in (
-        "json_object",
-        "json_schema",
-    )  # type: ignore[union-attr]
-    wanted = bool(request.tools) or json_format
-    if request.constrained or not wanted or not settings.constrain or settings.grammar is not None:
+    wanted = bool(request.tools) or asks_json(request.response_format)
+    if not wanted or not settings.constrain or settings.grammar is not None:
         return request
     if not engine.backend.grammars:
         return request  # a remote pair: the prefill and the parser, as without constraints
@@ -195,14 +240,17 @@ def _as_run(engine: RelayEngine, request: ChatRequest) -> ChatRequest:
 
 def _run_plan(engine: RelayEngine, request: ChatRequest) -> GenerationPlan:
     """``request`` (as :func:`_as_run` left it) rendered, tokenized and planned; under its grammar when constrained,
-    and with tools offered (``"auto"``), deciding between a call and text at its first token (``opening.py``)."""
+    and with tools offered (``"auto"``), deciding between a call and text at its first token (``opening.py``). With
+    a JSON response format as well, the grammar is a call or the answer's JSON (:func:`call_or_answer`)."""
     prompt_ids = _prompt_ids(engine, request)
     if not request.constrained:
         return engine.plan(prompt_ids, request.settings)
     tokenizer = engine.backend.grammar_tokenizer
     assert tokenizer is not None  # a backend that masks tokens has one
+    answer = json_item(response_schema(request.response_format)) if call_or_answer(request) else None
+    fmt = chat_tool_format(engine.tokenizer, request.settings.tool_format)
     if request.tools:
-        rules, turn = tool_call_grammar(request.tools, request.tool_choice, tokenizer, request.parallel_tool_calls)
+        rules, turn = fmt.grammar(request.tools, request.tool_choice, tokenizer, request.parallel_tool_calls, answer)
     else:
         rules, turn = response_grammar(request.response_format or {}, response_schema(request.response_format))
     end = engine.policy_config.reasoning_end
@@ -213,9 +261,10 @@ def _run_plan(engine: RelayEngine, request: ChatRequest) -> GenerationPlan:
     grammar = turn_grammar(rules, turn, end if (opened or may_open) else None, tokenizer, may_open)
     plan = engine.plan(prompt_ids, request.settings.model_copy(update={"grammar": grammar}))
     # The decision is the turn's first token, which for a thinking pair is the reasoning's: there the grammar alone
-    # decides (the tag or text).
-    decides = bool(request.tools) and forces_nothing(request.tool_choice) and end is None
-    tag = tokenizer.is_special(OPEN_TAG) if decides else None
+    # decides (the tag or text). A JSON answer opens with a brace, which this decision reads as a call: the grammar
+    # decides there too, at the first key (``tool_call_grammar``).
+    decides = bool(request.tools) and forces_nothing(request.tool_choice) and end is None and answer is None
+    tag = fmt.call_tag(tokenizer) if decides else None
     return dataclasses.replace(plan, call_tag=tag) if tag is not None else plan
 
 
@@ -224,13 +273,22 @@ class ChatStreamAssembler:
 
     The prefill is fed to the parser first, so a forced tool call (whose opening the model never writes) parses
     whole; the final ParsedOutput is built from exactly the pieces that were streamed, so streamed and final tool
-    calls carry the same ids.
+    calls carry the same ids. ``bare_calls``: the reply is a call or a JSON answer (:func:`call_or_answer`), so text
+    that opens with a brace is held until the turn ends and then given as the call it is (:func:`bare_call`) or as
+    the answer.
     """
 
     def __init__(
-        self, prefix: str | None, tool_names: Iterable[str] = (), reasoning: ReasoningSplitter | None = None
+        self,
+        prefix: str | None,
+        tool_names: Iterable[str] = (),
+        reasoning: ReasoningSplitter | None = None,
+        bare_calls: bool = False,
+        parser: StreamParser | None = None,
     ) -> None:
-        self.parser = ToolCallStreamParser(tool_names)
+        self.parser: StreamParser = parser or ToolCallStreamParser(tool_names)
+        self._held: str | None = "" if bare_calls else None  # None: nothing is held (any more)
+        self._names = frozenset(tool_names)  # whatever the format's parser keeps, a bare call names a bound tool
         self.parsed = ParsedOutput(content="", reasoning="" if reasoning else None)
         self.reasoning = reasoning  # None: the whole text is content ('inline', or a pair without a reasoning end)
         # A tool-call prefill only opens a tag (nothing to show); a JSON prefill ("{") is content the model did not
@@ -259,7 +317,7 @@ class ChatStreamAssembler:
             tail = [
                 *self._take_prefill(model),
                 *self._split("", model, index, final=True),
-                *self._pieces(self.parser.finish(), model, index),
+                *self._pieces(self._hold(self.parser.finish(), final=True), model, index),
             ]
             if self.reasoning is not None:
                 self.parsed.reasoning_tokens = self.reasoning.tokens_before_answer(event.result.token_ends)
@@ -269,15 +327,39 @@ class ChatStreamAssembler:
     def _split(self, text: str, model: ModelRole, index: int, final: bool = False) -> list[ChatDelta]:
         """Reasoning pieces as they are; the answer through the tool-call parser."""
         if self.reasoning is None:
-            return self._pieces(self.parser.feed(text), model, index)
+            return self._pieces(self._hold(self.parser.feed(text)), model, index)
         deltas = []
         for kind, piece in self.reasoning.finish() if final else self.reasoning.feed(text):
             if kind == "reasoning":
                 self.parsed.reasoning = (self.parsed.reasoning or "") + piece
                 deltas.append(ChatDelta(reasoning=piece, model=model, span_index=index))
             else:
-                deltas += self._pieces(self.parser.feed(piece), model, index)
+                deltas += self._pieces(self._hold(self.parser.feed(piece)), model, index)
         return deltas
+
+    def _hold(
+        self, pieces: Iterable[str | ToolCall | InvalidToolCall], final: bool = False
+    ) -> list[str | ToolCall | InvalidToolCall]:
+        """The parser's pieces, with the text of a reply that may be a bare call held back while it may still be
+        one: it opens with a brace (or has not opened yet). Released when the turn ends, or when text shows it is
+        not one."""
+        out: list[str | ToolCall | InvalidToolCall] = []
+        for piece in pieces:
+            if self._held is None:
+                out.append(piece)
+            elif isinstance(piece, str):
+                self._held += piece
+                if self._held.lstrip()[:1] not in ("", "{"):
+                    out += self._release()
+            else:
+                out += [*self._release(), piece]
+        return [*out, *self._release()] if final else out
+
+    def _release(self) -> list[str | ToolCall | InvalidToolCall]:
+        held, self._held = self._held, None
+        if not held:
+            return []
+        return [bare_call(held, self._names) or held]
 
     def _collect(self, piece: str | ToolCall | InvalidToolCall) -> None:
         if isinstance(piece, str):
@@ -313,6 +395,8 @@ def _assembler(engine: RelayEngine, request: ChatRequest, prompt_ids: Sequence[i
         request.prefix,
         tool_names(request.tools) if request.tools else (),
         reasoning_splitter(engine, request, prompt_ids),
+        call_or_answer(request),
+        chat_parser(engine.tokenizer, request.settings.tool_format, request.tools),
     )
 
 
@@ -345,7 +429,7 @@ def _prompt_ids(engine: RelayEngine, request: ChatRequest) -> list[int]:
     return engine.encode_messages(
         request.messages,
         request.tools,
-        request.chat_template_kwargs,
+        thinking_template_kwargs(engine, request.chat_template_kwargs, request.reasoning),
         request.prefix,
         raw_markup=request.raw_markup,
         checked=True,

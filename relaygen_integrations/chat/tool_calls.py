@@ -1,7 +1,8 @@
 """Hermes-style tool calls (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``), as Qwen chat templates
 teach the model to write them: parsing whole outputs, parsing streams, ids, tool-choice prefills, schema checks.
 
-Framework-free: both adapters map these plain dataclasses onto their own message types.
+Framework-free: both adapters map these plain dataclasses onto their own message types. Other chat-template
+families' call shapes (Llama 3.x, Mistral) are in ``tool_formats/``, which yields these same dataclasses.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ class ParsedOutput:
     reasoning_tokens: int = 0  # completion tokens up to where the answer starts (the end marker included)
 
 
-def _call_from_data(data: Any, raw: str) -> ToolCall | InvalidToolCall:
+def call_from_data(data: Any, raw: str) -> ToolCall | InvalidToolCall:
+    """A decoded call object (``{"name": ..., "arguments" or "parameters": {...}}``) as a call, or as an invalid
+    call saying what is wrong with it; ``raw``: the text it was decoded from."""
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
         return InvalidToolCall(raw=raw, error="tool call JSON has no 'name' string")
     arguments = data.get("arguments", data.get("parameters", {}))
@@ -75,14 +78,14 @@ def decode_tool_call(body: str) -> tuple[ToolCall | InvalidToolCall, str]:
     """
     raw = body.strip()
     try:
-        return _call_from_data(json.loads(raw), raw), ""
+        return call_from_data(json.loads(raw), raw), ""
     except json.JSONDecodeError as exc:
         error = f"tool call is not valid JSON: {exc.msg} at char {exc.pos}"
     try:
         data, end = json.JSONDecoder().raw_decode(raw)
     except json.JSONDecodeError:
         return InvalidToolCall(raw=raw, error=error), ""
-    call = _call_from_data(data, raw[:end])
+    call = call_from_data(data, raw[:end])
     if isinstance(call, InvalidToolCall):
         return InvalidToolCall(raw=raw, name=call.name, error=error), ""
     return call, raw[end:]
@@ -164,9 +167,9 @@ class ToolCallStreamParser:
                 self._buffer = self._buffer[start + len(OPEN_TAG) :]
                 self._in_call = True
                 continue
-            keep = _partial_suffix(self._buffer, OPEN_TAG)
+            keep = partial_suffix(self._buffer, OPEN_TAG)
             if self.tool_names:
-                keep = max(keep, _partial_suffix(self._buffer, FENCE))
+                keep = max(keep, partial_suffix(self._buffer, FENCE))
             ready = self._buffer[: len(self._buffer) - keep]
             if ready:
                 yield ready
@@ -190,7 +193,7 @@ class ToolCallStreamParser:
             return None
         if set(data) not in ({"name", "arguments"}, {"name", "parameters"}):
             return None
-        call = _call_from_data(data, inner.strip())
+        call = call_from_data(data, inner.strip())
         return call if isinstance(call, ToolCall) else None
 
     def finish(self) -> Iterator[str | ToolCall | InvalidToolCall]:
@@ -210,7 +213,7 @@ class ToolCallStreamParser:
             yield rest
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest tail of ``text`` that could be the start of ``tag``."""
     for k in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:k]):

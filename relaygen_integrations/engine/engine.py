@@ -230,9 +230,9 @@ class RelayEngine:
         try:
             from .remote.backend import RemoteBackend
         except ModuleNotFoundError as exc:
-            if exc.name != "httpx":
+            if exc.name not in ("httpx", "openai"):
                 raise
-            raise ImportError("the remote backend needs httpx: pip install 'relaygen-integrations[serve]'") from exc
+            raise ImportError(f"the remote backend needs {exc.name}: pip install relaygen-integrations[serve]") from exc
         backend = RemoteBackend(large, small, tokenizer, **options)
         return cls(backend, backend.tokenizer, cues, policy, mode=mode, verify=verify)
 
@@ -493,7 +493,8 @@ def _final(events: Iterator[StreamEvent]) -> RelayResult:
 
 
 async def _afinal(events: AsyncIterator[StreamEvent]) -> RelayResult:
-    async for event in events:
-        if isinstance(event, FinalEvent):
-            return event.result
-    raise RuntimeError("generation ended without a result")
+    # Read to the end, which comes only once the worker has let go of the engine: a blocking call may follow at once.
+    results = [event.result async for event in events if isinstance(event, FinalEvent)]
+    if not results:
+        raise RuntimeError("generation ended without a result")
+    return results[0]

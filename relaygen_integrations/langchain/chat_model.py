@@ -42,18 +42,16 @@ from ..engine.core.settings import merge_settings
 from ..engine.core.spans import RelayResult, SwitchEvent
 from ..engine.engine import RelayEngine
 from .messages import convert_messages
+from .protocol_events import PROVIDER, ProtocolEvents
 
 SWITCH_EVENT = "relaygen_switch"
-# The provider name in LangSmith params (ls_provider) and response_metadata["model_provider"]: one name in both, so
-# middleware that trusts reported token counts only from its tracing provider trusts ours.
-PROVIDER = "relaygen"
 _RUN_KWARG = "relaygen_run_id"
 # BaseChatModel.stream/astream do not hand their run manager to _stream/_astream, so those two entry points register
 # the run's config under a run id chosen up front; _stream finds it here to fire switch events under that run.
 _STREAM_RUNS: dict[str, RunnableConfig] = {}
 
 
-class RelayChatModel(RelayModelFields, BaseChatModel):
+class RelayChatModel(RelayModelFields, ProtocolEvents, BaseChatModel):  # ProtocolEvents: stream_events v3
     """A chat model where a large model reasons and a small model finishes easy sentences (RelayGen).
 
     Every streamed chunk says which model wrote it in ``response_metadata["relaygen_chunks"]`` (a list, so chunks
@@ -176,6 +174,7 @@ class RelayChatModel(RelayModelFields, BaseChatModel):
         response_format = kwargs.pop("response_format", None)
         raw_markup = kwargs.pop("raw_markup", self.raw_markup)
         parallel = kwargs.pop("parallel_tool_calls", False)  # bind_tools(..., parallel_tool_calls=True), as ChatOpenAI
+        reasoning = kwargs.pop("reasoning", self.reasoning)  # per call too, as ChatOllama's
         kwargs.pop("ls_structured_output_format", None)
         kwargs.pop(_RUN_KWARG, None)
         # LangChain adds a call's stop sequences to the model's own; a string is one stop sequence.
@@ -183,7 +182,7 @@ class RelayChatModel(RelayModelFields, BaseChatModel):
         settings = merge_settings(self.settings_layer(), kwargs, {"stop": stops})
         return prepare_chat(
             convert_messages(messages), settings, tools, tool_choice, template_kwargs, response_format, raw_markup,
-            parallel,
+            parallel, reasoning,
         )  # fmt: skip
 
     # -- LangChain entry points ---------------------------------------------------------------------------------

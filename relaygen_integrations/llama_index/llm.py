@@ -37,15 +37,17 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from ..chat.model_fields import RelayModelFields
+from ..chat.reasoning import thinking_template_kwargs
 from ..chat.relay_chat import ChatRequest, astream_chat, prepare_chat, stream_chat
 from ..engine.core.prompt import MessageError, check_text
-from ..engine.core.settings import KEYS, GenerationSettings, merge_settings, shown
+from ..engine.core.settings import KEYS, GenerationSettings, SettingsError, merge_settings, shown
 from ..engine.core.spans import StreamEvent
 from .events import ChatTurn, CompletionTurn, last_response
 from .events import RelaySwitchEvent as RelaySwitchEvent
 from .events import dispatcher as dispatcher
 from .messages import arguments_dict, tool_dicts
 from .messages import to_relay_messages as to_relay_messages
+from .structured import JsonStructuredOutput
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -57,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 
 # -- the LLM ------------------------------------------------------------------------------------------------------
-class RelayLLM(RelayModelFields, FunctionCallingLLM):
+class RelayLLM(RelayModelFields, JsonStructuredOutput, FunctionCallingLLM):
     """RelayGen as a LlamaIndex LLM: a large model reasons, a small model with the same tokenizer finishes the easy
     sentences (after switch cues) and writes the final answer.
 
@@ -137,7 +139,14 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
             chat_template_kwargs=kwargs.get("chat_template_kwargs"),
             raw_markup=kwargs.get("raw_markup", self.raw_markup),
             parallel_tool_calls=bool(kwargs.get("parallel_tool_calls", False)),
+            reasoning=self._reasoning(kwargs),
+            response_format=kwargs.get("response_format"),  # OpenAI's: json_object (JSON mode) or json_schema
         )
+
+    def _reasoning(self, kwargs: Mapping[str, Any]) -> bool | None:
+        # A call's keyword wins when given (not None), as for the generation settings.
+        given = kwargs.get("reasoning")
+        return self.reasoning if given is None else given  # type: ignore[no-any-return]
 
     def _completion_plan(
         self, engine: RelayEngine, prompt: str, formatted: bool, kwargs: Mapping[str, Any]
@@ -145,6 +154,12 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
         """A validated plan: the chat template with one user message, or - ``formatted`` - the prompt's own ids (a
         formatted prompt is markup already, so its control-token strings are tokens)."""
         settings = self._settings(kwargs)
+        if kwargs.get("response_format") is not None:  # refused rather than ignored: the caller expects JSON
+            raise SettingsError(
+                "complete() takes no response_format: pass it to chat(), or use structured_predict() / "
+                "as_structured_llm()",
+                "response_format",
+            )
         if not isinstance(prompt, str):
             raise MessageError(f"the prompt must be text, got {shown(prompt)}", "prompt")
         if formatted:
@@ -152,7 +167,7 @@ class RelayLLM(RelayModelFields, FunctionCallingLLM):
             return engine.plan(engine.tokenizer.encode(prompt, add_special_tokens=False), settings)
         message = [{"role": "user", "content": prompt}]
         raw_markup = kwargs.get("raw_markup", self.raw_markup)
-        template_kwargs = kwargs.get("chat_template_kwargs")
+        template_kwargs = thinking_template_kwargs(engine, kwargs.get("chat_template_kwargs"), self._reasoning(kwargs))
         return engine.plan(engine.encode_messages(message, None, template_kwargs, raw_markup=raw_markup), settings)
 
     # -- chat --------------------------------------------------------------------------------------------------

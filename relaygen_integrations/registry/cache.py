@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from filelock import FileLock
 from pydantic import BaseModel, ValidationError
 
 from .specs import DType, ModelSpec, PairSpec, Role
@@ -166,19 +167,12 @@ def dir_size(directory: Path) -> int:
 
 @contextlib.contextmanager
 def pair_lock(home: Path, name: str) -> Iterator[None]:
-    """Serialise fetches of one pair across processes (two `make` targets may fetch at the same time)."""
+    """Serialise fetches of one pair across processes (two `make` targets may fetch at the same time), on every OS:
+    ``filelock`` takes flock on POSIX and msvcrt's lock on Windows. The OS drops the lock with a process that dies,
+    so a crashed fetch never blocks the next one; a live one is waited for, however long its download takes."""
     home.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # Windows: no advisory locks; concurrent fetches are merely wasteful there
+    with FileLock(home / f".lock-{name}"):
         yield
-        return
-    with (home / f".lock-{name}").open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def fresh_tmp_dir(final: Path) -> Path:

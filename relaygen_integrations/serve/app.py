@@ -149,6 +149,12 @@ def _logprobs_json(entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | N
     return None if entries is None else {"content": [entry.to_openai() for entry in entries]}
 
 
+def _reasoning_fields(reasoning: str) -> dict[str, str]:
+    """A reasoning model's thinking under both names clients read: ``reasoning`` (vLLM >= 0.17, OpenRouter) and
+    ``reasoning_content`` (DeepSeek, vLLM before 0.17, LangChain's ChatOpenAI-compatible readers)."""
+    return {"reasoning_content": reasoning, "reasoning": reasoning}
+
+
 def _finish_reason(delta: ChatDelta) -> str:
     assert delta.result is not None and delta.parsed is not None
     return "tool_calls" if delta.parsed.tool_calls else _FINISH_REASONS[delta.result.finish_reason]
@@ -264,8 +270,8 @@ def create_app(
         assert final.result is not None and final.parsed is not None
         parsed, result = final.parsed, final.result
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        if parsed.reasoning is not None:  # vLLM's and DeepSeek's field for a reasoning model's thinking
-            message["reasoning_content"] = parsed.reasoning
+        if parsed.reasoning is not None:
+            message.update(_reasoning_fields(parsed.reasoning))
         if parsed.tool_calls:
             message["tool_calls"] = [_tool_call_json(call) for call in parsed.tool_calls]
             message["content"] = parsed.content or None
@@ -335,7 +341,7 @@ async def _chatsse(
                 yield chunk({"tool_calls": call}, logprobs=delta.logprobs, relaygen=where)
                 tool_index += 1
             elif delta.reasoning:
-                yield chunk({"reasoning_content": delta.reasoning}, logprobs=delta.logprobs, relaygen=where)
+                yield chunk(_reasoning_fields(delta.reasoning), logprobs=delta.logprobs, relaygen=where)
             elif delta.text or delta.logprobs:
                 yield chunk({"content": delta.text} if delta.text else {}, logprobs=delta.logprobs, relaygen=where)
     except Exception as exc:  # the 200 status is sent already: report in the stream, as vLLM does

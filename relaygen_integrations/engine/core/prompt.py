@@ -28,6 +28,8 @@ ROLE_ALIASES = {"developer": "system"}
 # Text parts are joined with a newline, as vLLM's OpenAI server and LlamaIndex's ChatMessage.content join them, so a
 # list of text parts renders like the one string a client would otherwise have sent.
 TEXT_PART_SEPARATOR = "\n"
+# The names a message's reasoning arrives under; the first is the one chat templates read.
+REASONING_KEYS = ("reasoning_content", "reasoning")
 MAX_DEPTH = 32  # nesting of tool schemas, arguments and template variables (far deeper than any real schema)
 # What a chat template already gets from transformers besides apply_chat_template's own parameters: a template
 # variable of one of these names would collide with it (or replace a function the template calls).
@@ -177,15 +179,31 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
             )
         if calls is not None:
             _check_tool_calls(calls, f"{field}.tool_calls")
-        for key in ("tool_call_id", "name", "reasoning_content"):
+        for key in ("tool_call_id", "name", *REASONING_KEYS):
             if message.get(key) is not None and not isinstance(message[key], str):
                 raise MessageError(f"{field}.{key} must be a string, got {shown(message[key])}", f"{field}.{key}")
         check_json_data(message, field)
         copy = {**message, "role": role}
         if "content" in message:
             copy["content"] = content
+        reasoning = _reasoning_of(message, field)
+        if reasoning is not None:  # under both names: whichever a template reads, either spelling renders the same
+            copy.update(dict.fromkeys(REASONING_KEYS, reasoning))
         checked.append(copy)
     return checked
+
+
+def _reasoning_of(message: Mapping[str, Any], field: str) -> str | None:
+    """A message's reasoning under either name (vLLM >= 0.17 sends ``reasoning``, older servers and DeepSeek
+    ``reasoning_content``); chat templates read ``reasoning_content``. Both, with different texts, is ambiguous."""
+    given = {key: message[key] for key in REASONING_KEYS if message.get(key) is not None}
+    if len(set(given.values())) > 1:
+        raise MessageError(
+            f"{field}.reasoning and {field}.reasoning_content hold different texts: give one of them (or the same "
+            "text under both names)",
+            f"{field}.reasoning",
+        )
+    return next(iter(given.values()), None)
 
 
 def text_of_parts(parts: Sequence[Any], index: int, role: str, field: str) -> str:

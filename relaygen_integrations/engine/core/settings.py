@@ -25,6 +25,8 @@ ALIASES = {"max_tokens": "max_new_tokens", "stop_sequences": "stop"}
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 # torch seeds its generator from a 64-bit integer; a larger seed would fail deep inside torch.
 SEED_LIMIT = 2**63
+# The chat-template families whose tool calls the chat layer parses and constrains (``chat/tool_formats``).
+ToolFormatName = Literal["hermes", "llama3_json", "mistral", "mistral_v11"]
 
 
 _SHOWN_CHARS = 80  # how much of a bad value an error message quotes
@@ -126,6 +128,10 @@ class GenerationSettings(BaseModel):
     constrain: bool = True
     """Chat turns with tools or a JSON response_format generate under a grammar that keeps tool calls and JSON well
     formed (``chat/constraints.py``); False = free text, parsed afterwards."""
+    tool_format: ToolFormatName | None = None
+    """How the model writes a tool call: 'hermes' (``<tool_call>{...}</tool_call>``, Qwen), 'llama3_json' (the turn
+    is ``{"name": ..., "parameters": {...}}``, Llama 3.x), 'mistral' (``[TOOL_CALLS] [{...}]``) or 'mistral_v11'
+    (``[TOOL_CALLS]name[ARGS]{...}``); None = read from the chat template (``chat/tool_formats``)."""
     verify: VerifySetting = None
     """Verified relay: the large model checks the small model's tokens in its catch-up pass (``engine/core/verify.py``);
     a spec string ("greedy", "prob:0.05", "ratio:0.1", "+answer" to check the answer too), "off", or None for the

@@ -37,9 +37,10 @@ Verified relay: at the end of a small run the large server scores the sequence (
 and the transcript is cut at the first rejected token; the large server's next request writes from there. A server
 that does not score prompts is found out by a probe when the plan is checked, and ``verify`` is refused there.
 
-Reliability: connection errors, timeouts, 5xx and 429 are retried with exponential backoff; a 4xx, or retries used
-up, raise :class:`EndpointError` naming the URL. A read waits at most ``timeout`` seconds for the next chunk, so
-nothing hangs. The cancel flag is checked after every streamed chunk. Requests are not serialized (no engine lock):
+Reliability: the requests go through the ``openai`` SDK (``endpoint.py``), which retries connection errors,
+timeouts, 408, 409, 429 and 5xx with exponential backoff; any other 4xx, retries used up, or a stream that breaks off
+raise :class:`EndpointError` naming the URL. A read waits at most ``timeout`` seconds for the next chunk, so nothing
+hangs. The cancel flag is checked after every streamed chunk. Requests are not serialized (no engine lock):
 concurrent generations have their own streams, and the servers batch them.
 
 Usage: prefill / catch-up / reused-prefix tokens are counted as a server's prefix cache sees them within one
@@ -54,6 +55,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from openai import Stream
+from openai.types import Completion
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from ..core.backend import BackendCapabilityError
@@ -115,12 +118,12 @@ def text_prompt(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], url: str
 
 def send_completion(
     endpoint: Endpoint, body: dict[str, Any], stops: list[str], as_text: Callable[[], str]
-) -> tuple[httpx.Response, list[str]]:
+) -> tuple[Stream[Completion], list[str]]:
     """Sends a streamed completion request. A server that refuses token-id prompts, or that many stop strings, is
     learnt about once (on the endpoint) and the request goes again in the form it takes; returns the stops sent."""
     while True:
         try:
-            return endpoint.send("POST", endpoint.completions_url, body, stream=True), stops
+            return endpoint.stream(body), stops
         except EndpointError as error:
             # Judged on this request's own prompt: a concurrent request may have taught the endpoint meanwhile.
             if isinstance(body["prompt"], list) and refuses_token_prompts(error):
@@ -238,7 +241,6 @@ class RemoteSession:
             "max_tokens": max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
-            "stream": True,
             "return_token_ids": True,
         }
         if sampling.top_k is not None:
@@ -259,8 +261,8 @@ class RemoteSession:
 
         if not endpoint.takes_token_prompts:
             body["prompt"] = as_text()
-        response, stops = send_completion(endpoint, body, stops, as_text)
-        self.stream = CompletionStream(endpoint, response, self.tokenizer, self.end_ids, stops, self.plan.stop)
+        events, stops = send_completion(endpoint, body, stops, as_text)
+        self.stream = CompletionStream(endpoint, events, self.tokenizer, self.end_ids, stops, self.plan.stop)
         self.batches = self.stream.batches()
         self.writer = writer
         self.requests += 1
@@ -352,7 +354,8 @@ class RemoteBackend:
         self.large_name, self.small_name = large_model or large, small_model or small or "none"
         self.server_stops = server_stops
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # ``timeout`` bounds connecting and every wait for the next chunk; a generation may take longer in total.
+        # ``timeout`` bounds connecting and every wait for the next chunk; a generation may take longer in total. The
+        # endpoints' SDK clients share this client (one connection pool) and send its headers (the key).
         self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)))
         self.endpoints: dict[ModelRole, Endpoint] = {"large": Endpoint("large", large, self.http, large_model, retries)}
         if small is not None:
