@@ -1,6 +1,7 @@
-"""dtype='gguf' on the demo pair's own files: every 4-bit tensor's int4 form against gguf-py's dequantization of it,
-within the rounding of its group's scale and zero to bf16 (engine/local/gguf_int4.py, step 3), and the kernel's
-weights for one tensor of each kind."""
+"""dtype='gguf' on the demo pair's own files: each 4-bit tensor of three layers (first, middle, last: every kind of
+tensor) in its int4 form against gguf-py's dequantization of it, within the rounding of its group's scale and zero
+to bf16 (engine/local/gguf_int4.py, step 3), and the kernel's weights for one tensor of each kind. All 168 of the
+large model took 181 s on the AVX512-BF16 EPYC (gguf-py's numpy dequantization), too long for every CI run."""
 
 from __future__ import annotations
 
@@ -24,10 +25,12 @@ def test_every_4bit_tensor_of_the_demo_files_is_its_gguf_dequantization_within_t
     if paths is None:
         pytest.fail("the demo pair's GGUF files are not kept: run `relaygen models fetch demo` (make test does)")
     reader = gguf.GGUFReader(str(paths.for_role(role)))
+    last = {"large": 27, "small": 23}[role]
+    layers = {f"blk.{n}." for n in (0, last // 2, last)}
     checked, kinds = 0, set()
     for tensor in reader.tensors:
-        if tensor.tensor_type.name not in FOUR_BIT or tensor.name == "token_embd.weight":
-            continue  # the embedding is a lookup: it stays as the bf16 copy holds it
+        if tensor.tensor_type.name not in FOUR_BIT or not any(tensor.name.startswith(p) for p in layers):
+            continue  # the embedding (not a layer) is a lookup: it stays as the bf16 copy holds it
         cols, rows = (int(n) for n in tensor.shape)
         codes, a, b = decode_q4_groups(np.asarray(tensor.data), tensor.tensor_type.name, rows, cols)
         scale = torch.from_numpy(a).to(torch.bfloat16).float()
@@ -43,6 +46,7 @@ def test_every_4bit_tensor_of_the_demo_files_is_its_gguf_dequantization_within_t
             error = (kernel_weights(layer) - theirs.view(rows, cols)).abs()
             assert (error <= bound(layer) + 1e-7).all(), tensor.name
         checked += 1
-    # The large model: every attention and MLP projection but half of attn_v / ffn_down (Q6_K); the small one: its
-    # Q4_K half of ffn_down (the rest is Q5_0 / Q6_K / Q8_0).
-    assert checked == {"large": 28 * 7 - 28, "small": 12}[role]
+    # The large model: every attention and MLP projection kind (half of attn_v / ffn_down are Q6_K); the small one:
+    # the Q4_K half of ffn_down (the rest is Q5_0 / Q6_K / Q8_0).
+    expected = {"large": {"attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"}, "small": {"ffn_down"}}[role]
+    assert checked >= len(expected) and expected <= kinds, (checked, kinds)

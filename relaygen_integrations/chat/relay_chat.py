@@ -201,10 +201,15 @@ def prepare_chat(
     if tool_choice == "none":
         checked = None
     prefix = forced_prefix(tool_choice, checked) if checked else None
-    if checked and TOOL_RESULT_INSTRUCTION and any(message.get("role") == "tool" for message in chat):
+    has_result = any(message.get("role") == "tool" for message in chat)
+    if checked and TOOL_RESULT_INSTRUCTION and has_result:
         add_system_text(chat, TOOL_RESULT_INSTRUCTION)
     if response_format is not None and asks_json(response_format):
-        add_system_text(chat, json_instruction(response_format, tools=bool(checked)))
+        # With tools and no tool result yet the turn is most likely a call: asked for the JSON answer up front, the
+        # demo pair answered at once in 17 of 20 such turns (tests/test_tools_with_format_real.py). The grammar
+        # still admits the answer; the instruction comes with the result.
+        if not checked or has_result:
+            add_system_text(chat, json_instruction(response_format, tools=bool(checked)))
         prefix = prefix if checked else "{"  # with tools: a forced call's prefill, or none (a call or the answer)
     if not isinstance(parallel_tool_calls, bool):
         raise SettingsError(
