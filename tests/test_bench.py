@@ -392,7 +392,9 @@ def test_time_split_per_answer_interprets_the_passes():
     assert "time_split_s" not in summary["large"]  # no split recorded (results saved before it existed)
     report = markdown(summary)
     assert "Where the time goes, per answer" in report
-    assert "| relay-spec+verify@greedy | 9.0 | 4.0 | – | – | – | 1.0 | 2.0 | 0.5 | 1.0 | 0.2 | – | 1.0 |" in report
+    assert (
+        "| relay-spec+verify@greedy | 9.0 | 4.0 | – | – | – | – | 1.0 | 2.0 | 0.5 | 1.0 | 0.2 | – | – | 1.0 |" in report
+    )
 
 
 def test_resume_refuses_a_run_measured_on_another_cpu(tmp_path):

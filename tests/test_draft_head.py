@@ -62,8 +62,8 @@ def test_drafts_propose_only_subset_and_prompt_tokens_and_a_twin_is_rejected_onl
     rounds: list[tuple[list[int], list[int]]] = []  # (draft, the large model's choice after each draft prefix)
     check_draft = large.check_draft
 
-    def recording(ids: list[int], draft: list[int]) -> torch.Tensor:
-        logits = check_draft(ids, draft)
+    def recording(ids: list[int], draft: list[int], kind: str = "verify_drafts") -> torch.Tensor:
+        logits = check_draft(ids, draft, kind)
         rounds.append((list(draft), torch.argmax(logits, dim=-1).tolist()))
         return logits
 

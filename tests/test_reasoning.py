@@ -204,6 +204,7 @@ def test_speculation_and_verification_counts_reach_the_metadata(engine):
         "rounds": usage["speculative_rounds"], "drafted": usage["draft_tokens"],
         "accepted": usage["accepted_draft_tokens"],
         "acceptance_rate": round(usage["accepted_draft_tokens"] / usage["draft_tokens"], 4),
+        "copied": usage["lookup_draft_tokens"], "copied_accepted": usage["lookup_accepted_tokens"],
     }  # fmt: skip
     assert relay["speculation"]["drafted"] > 0
     assert relay["verification"]["checked"] == usage["verified_tokens"] + usage["rejected_tokens"] > 0

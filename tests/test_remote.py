@@ -302,6 +302,9 @@ def test_llama_index_adapter_runs_on_the_remote_engine(remote):
 def test_speculative_and_reprefill_are_refused_before_any_request(remote):
     with pytest.raises(GenerationError, match="remote backend cannot run speculative decoding"):
         remote.generate(MESSAGES, speculative=True)
+    with pytest.raises(GenerationError, match="remote backend cannot run speculative decoding") as refused:
+        remote.generate(MESSAGES, prompt_lookup=True)  # drafts copied from the context need the logits too
+    assert refused.value.field == "prompt_lookup"
     with pytest.raises(GenerationError, match="reprefill_segments"):
         remote.generate(MESSAGES, reprefill_segments=True)
     with pytest.raises(GenerationError, match="cannot report log probabilities") as refused:

@@ -36,7 +36,7 @@ SAMPLES: dict[str, Any] = {
     "max_new_tokens": 9, "temperature": 0.5, "top_p": 0.5, "top_k": 3, "seed": 7, "stop": ["ZZ"], "mode": "large",
     "cues": ["So"], "speculative": 2, "draft_vocab": 100, "reprefill_segments": True, "verify": "greedy",
     "reasoning_format": "inline", "logprobs": True, "top_logprobs": 2, "grammar": 'start: "Yes" | "No"',
-    "constrain": False, "tool_format": "llama3_json",
+    "constrain": False, "tool_format": "llama3_json", "prompt_lookup": True,
 }  # fmt: skip
 # What a sample needs beside it to be valid (OpenAI's rule: top_logprobs only with logprobs).
 NEEDS: dict[str, dict[str, Any]] = {"top_logprobs": {"logprobs": True}}

@@ -13,14 +13,14 @@ import torch
 
 from relaygen_integrations.engine.core.configuration import PairConfiguration
 from relaygen_integrations.engine.core.cues import shipped_profile
-from relaygen_integrations.tune.candidates import MAX_LOST_PROBLEMS, expand
+from relaygen_integrations.tune.candidates import MAX_LOST_PROBLEMS, ProfiledMode, expand
 from relaygen_integrations.tune.choose import choose
 from relaygen_integrations.tune.configuration import configuration_for, configure_pair
 from relaygen_integrations.tune.cost_model import seconds_per_token
 from relaygen_integrations.tune.costs import PassCostTable, interpolate
 from relaygen_integrations.tune.measure import ModelPassTimer, measure_pass_costs
 from relaygen_integrations.tune.profile import modes_from_results, profiled_modes
-from relaygen_integrations.tune.tuner import cache_path, tune_pair
+from relaygen_integrations.tune.tuner import CPU_PLAN, cache_path, default_plan, tune_pair
 from relaygen_integrations.tune.work import reconstruct_passes, run_passes, work_from_runs
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
@@ -143,7 +143,8 @@ class ScriptedTimer:
         pass
 
 
-def test_first_use_measures_once_and_is_cached(tmp_path: Path) -> None:
+def test_first_use_measures_once_and_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAYGEN_HOME", str(tmp_path))  # no GGUF kept: the plan's four other formats
     timer = ScriptedTimer()
     first = tune_pair("demo", PROFILE, torch.device("cpu"), timer=timer, home=tmp_path, show_progress=False)
     assert not first.cached and timer.passes > 0 and len(timer.loads) == 4
@@ -155,6 +156,63 @@ def test_first_use_measures_once_and_is_cached(tmp_path: Path) -> None:
     third = tune_pair("demo", PROFILE, torch.device("cpu"), timer=timer, home=tmp_path, refresh=True,
                       show_progress=False)  # fmt: skip
     assert not third.cached and timer.passes == 2 * measured
+
+
+def test_a_format_that_fails_to_load_is_left_out_and_the_rest_measured() -> None:
+    class Failing(ScriptedTimer):
+        def load(self, role: str, fmt: str) -> None:
+            if fmt == "gguf":
+                raise ValueError("no int4 kernel for Q5_K")
+            super().load(role, fmt)
+
+    plan = [("large", "bf16"), ("large", "gguf"), ("small", "int8")]
+    table = measure_pass_costs(Failing(), plan, budget_seconds=60)
+    assert table.formats("large") == ["bf16"] and table.formats("small") == ["int8"]
+
+
+def keep_demo_ggufs(home: Path) -> None:
+    """The demo pair's GGUF files as the registry checks them (the published size; sparse, nothing written)."""
+    from relaygen_integrations.registry.cache import gguf_file_path
+    from relaygen_integrations.registry.specs import DEMO_PAIR
+
+    for spec in DEMO_PAIR.models():
+        path = gguf_file_path(spec, home)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as file:
+            file.truncate(spec.gguf_size)
+
+
+def test_the_cpu_plan_measures_the_large_gguf_only_for_a_pair_that_keeps_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from relaygen_integrations.registry import specs
+
+    monkeypatch.setenv("RELAYGEN_HOME", str(tmp_path))
+    cpu = torch.device("cpu")
+    without = [("large", "bf16"), ("small", "int8"), ("small", "bf16"), ("large", "fp32")]
+    assert list(default_plan(cpu, "demo")) == without  # the demo pair, its GGUFs not kept
+    keep_demo_ggufs(tmp_path)
+    assert list(default_plan(cpu, "demo")) == list(CPU_PLAN) == [*without[:3], ("large", "gguf"), without[3]]
+    other = {role: spec.model_copy(update={"gguf_file": f"other-{role}.gguf"}) for role, spec in
+             (("large", specs.DEMO_PAIR.large), ("small", specs.DEMO_PAIR.small))}  # fmt: skip
+    monkeypatch.setitem(specs.KNOWN_PAIRS, "other", specs.DEMO_PAIR.model_copy(update={"name": "other", **other}))
+    assert ("large", "gguf") not in default_plan(cpu, "other")  # a known pair whose files are not kept
+    assert ("large", "gguf") not in default_plan(cpu, "org/not-a-pair") and list(default_plan(cpu)) == without
+    assert ("large", "gguf") not in default_plan(torch.device("cuda"), "demo")  # the int4 kernel is CPU-only
+
+
+def test_a_table_cached_before_the_gguf_was_planned_is_measured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELAYGEN_HOME", str(tmp_path))
+    timer = ScriptedTimer()
+    before = tune_pair("demo", PROFILE, torch.device("cpu"), timer=timer, home=tmp_path, show_progress=False)
+    assert ("large", "gguf") not in timer.loads and "large:gguf" not in before.table.machine["plan"]
+    keep_demo_ggufs(tmp_path)
+    timer.loads.clear()
+    after = tune_pair("demo", PROFILE, torch.device("cpu"), timer=timer, home=tmp_path, show_progress=False)
+    assert not after.cached and timer.loads == list(CPU_PLAN) and after.table.has("large", "gguf")
+    assert tune_pair("demo", PROFILE, torch.device("cpu"), timer=timer, home=tmp_path, show_progress=False).cached
 
 
 def test_the_budget_cuts_the_plan_and_the_cut_is_remembered(tmp_path: Path) -> None:
@@ -208,6 +266,13 @@ def test_configurations_map_candidates_to_engine_settings() -> None:
     verified = configuration_for(candidates["relay+verify@prob:0.2#bf16"], 1.0, "m")
     assert (verified.mode, verified.speculative, verified.verify, verified.dtype) == ("relay", False, "prob:0.2",
                                                                                      "bf16")  # fmt: skip
+    # Drafts copied from the context are speculation: the text is the large model's, the engine runs prompt_lookup.
+    lookup_mode = ProfiledMode("large-spec+lookup#bf16/int8", MODES["large-spec#bf16/int8"].work, None, 32768)
+    (copied,) = [c for c in expand({"m": lookup_mode}, table_of(*AVX512_BF16)) if c.formats["small"] == "int8"]
+    assert copied.backed and "lossless" in copied.why
+    lookup = configuration_for(copied, 2.8, "m")
+    assert (lookup.mode, lookup.speculative, lookup.prompt_lookup, lookup.dtype) == ("large", True, True, "bf16/int8")
+    assert not spec.prompt_lookup
     shipped = PairConfiguration.shipped("demo", "cpu")
     assert (shipped.mode, shipped.speculative, shipped.dtype, shipped.verify, shipped.draft_vocab) == (
         "large", True, "bf16/int8", "prob:0.2", 32768)  # fmt: skip

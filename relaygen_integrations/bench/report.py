@@ -152,10 +152,12 @@ def render_markdown(report: dict[str, Any]) -> str:
 # (column title, time-split key) of the per-answer table; keys from ``bench_summary.time_split``.
 _SPLIT_COLUMNS = (
     ("large decode", "large.decode"), ("large prefill", "large.prefill"), ("large catch-up", "large.catchup"),
-    ("verify drafts", "large.verify_drafts"), ("verify sentences", "large.verify_sentences"),
+    ("verify drafts", "large.verify_drafts"), ("verify copied drafts", "large.verify_lookup"),
+    ("verify sentences", "large.verify_sentences"),
     ("small sentences", "small.decode"), ("of which thrown away", "small.decode.thrown_away"),
     ("drafting", "small.draft"), ("of which rejected", "small.draft.rejected"),
-    ("small prefill + catch-up", ("small.prefill", "small.catchup")), ("other", "other"),
+    ("small prefill + catch-up", ("small.prefill", "small.catchup")), ("lookup search", "lookup.search"),
+    ("other", "other"),
 )  # fmt: skip
 
 

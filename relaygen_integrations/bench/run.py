@@ -37,13 +37,13 @@ from .report import plot_speed_accuracy as plot_speed_accuracy
 from .report import render_markdown as render_markdown
 from .report import render_traces as render_traces
 from .report import write_outputs as write_outputs
+from .summary import LOOKUP_MODES, LOOKUP_SUFFIX, split_format
 from .summary import RELAY_MODES as RELAY_MODES
 from .summary import VERIFY_MODES as VERIFY_MODES
 from .summary import VERIFY_SUFFIX as VERIFY_SUFFIX
 from .summary import Run as Run
 from .summary import is_relay_mode as is_relay_mode
 from .summary import is_verify_mode as is_verify_mode
-from .summary import split_format
 from .summary import summarize as summarize
 
 
@@ -100,6 +100,8 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
                 "speculative_rounds": usage.speculative_rounds,
                 "draft_tokens": usage.draft_tokens,
                 "accepted_draft_tokens": usage.accepted_draft_tokens,
+                "lookup_draft_tokens": usage.lookup_draft_tokens,
+                "lookup_accepted_tokens": usage.lookup_accepted_tokens,
                 "verified_tokens": usage.verified_tokens,
                 "rejected_tokens": usage.rejected_tokens,
                 "large_forward_seconds": usage.large_forward_seconds,
@@ -151,7 +153,15 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
     modes: dict[str, ModeFn] = {}
     for name in config.modes:
         base, _, arg = name.partition("@")
-        if base.endswith(VERIFY_SUFFIX) and base.removesuffix(VERIFY_SUFFIX) in VERIFY_MODES:
+        if base in LOOKUP_MODES:
+            # "large+lookup[@N]": drafts copied from the context only; "large-spec+lookup[@N]": copied first, the
+            # small model's where none fits (``engine/local/prompt_lookup.py``); N a draft vocabulary as above.
+            if arg and not arg.isdigit():
+                raise ValueError(f"benchmark mode {name!r}: {base} takes a draft vocabulary size, not {arg!r}")
+            extra = {"draft_vocab": int(arg)} if arg else {}
+            spec = base == "large-spec" + LOOKUP_SUFFIX
+            modes[name] = through_engine("large", speculative=spec, prompt_lookup=True, **extra)
+        elif base.endswith(VERIFY_SUFFIX) and base.removesuffix(VERIFY_SUFFIX) in VERIFY_MODES:
             # "relay+verify@<rule>" / "relay-spec+verify@<rule>": verified relay under a verify spec ("greedy",
             # "prob:0.05", "ratio:0.1+answer"), so rules are compared with plain relay in one interleaved run.
             speculative = base.removesuffix(VERIFY_SUFFIX) == "relay-spec"

@@ -11,9 +11,13 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..tune.candidates import LOOKUP_SUFFIX
+
 RELAY_MODES = ("relay", "reprompt", "relay-spec")
 VERIFY_MODES = ("relay", "relay-spec")  # the relay modes that take a "+verify@<rule>" suffix
 VERIFY_SUFFIX = "+verify"
+# Drafts copied from the context (prompt lookup): ``large+lookup`` alone, ``large-spec+lookup`` with the small model.
+LOOKUP_MODES = ("large" + LOOKUP_SUFFIX, "large-spec" + LOOKUP_SUFFIX)
 
 
 FORMAT_SEPARATOR = "#"  # "large#int8": a mode run with other weight formats than the run's (``--dtype``)
@@ -57,6 +61,9 @@ class Run:
     speculative_rounds: int = 0
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    # Of those, copied from the context (prompt lookup: ``engine/local/prompt_lookup.py``) and kept; 0 otherwise.
+    lookup_draft_tokens: int = 0
+    lookup_accepted_tokens: int = 0
     # Verified relay (0 otherwise, and in results saved before it existed): small-model tokens the large model
     # checked and kept, and those dropped (each rejected token and the rest of its segment; the large model rewrote).
     verified_tokens: int = 0
@@ -117,6 +124,12 @@ def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
                 acceptance_rate=sum(x.accepted_draft_tokens for x in mode_runs) / drafted,
                 mean_draft_length=drafted / rounds,
             )
+        copied = sum(x.lookup_draft_tokens for x in mode_runs)
+        if copied:  # prompt lookup: the share of drafted tokens copied from the context, and their acceptance
+            entry.update(
+                lookup_share=copied / drafted,
+                lookup_acceptance_rate=sum(x.lookup_accepted_tokens for x in mode_runs) / copied,
+            )
         large_forward = sum(x.large_forward_seconds for x in mode_runs)
         small_forward = sum(x.small_forward_seconds for x in mode_runs)
         tokens = sum(x.completion_tokens for x in mode_runs)
@@ -173,8 +186,8 @@ def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:
 # summary derives from the counts: the share of the small model's sentence time spent on tokens verification threw
 # away, and of its drafting time on drafts the large model rejected.
 TIME_SPLIT_KEYS = (
-    "large.prefill", "large.decode", "large.catchup", "large.verify_drafts", "large.verify_sentences",
-    "small.prefill", "small.decode", "small.catchup", "small.draft",
+    "large.prefill", "large.decode", "large.catchup", "large.verify_drafts", "large.verify_lookup",
+    "large.verify_sentences", "small.prefill", "small.decode", "small.catchup", "small.draft", "lookup.search",
 )  # fmt: skip
 
 
@@ -191,8 +204,9 @@ def time_split(runs: list[Run]) -> dict[str, float]:
     written = sum(r.small_tokens + r.rejected_tokens for r in runs)  # small tokens written in sentences/answers
     rejected = sum(r.rejected_tokens for r in runs)
     split["small.decode.thrown_away"] = split["small.decode"] * rejected / written if written else 0.0
-    drafted = sum(r.draft_tokens for r in runs)
-    refused = drafted - sum(r.accepted_draft_tokens for r in runs)
+    # The small model's own drafts only: copied ones (prompt lookup) cost it no pass.
+    drafted = sum(r.draft_tokens - r.lookup_draft_tokens for r in runs)
+    refused = drafted - sum(r.accepted_draft_tokens - r.lookup_accepted_tokens for r in runs)
     split["small.draft.rejected"] = split["small.draft"] * refused / drafted if drafted else 0.0
     inside = sum(split[key] for key in TIME_SPLIT_KEYS)
     split["other"] = sum(r.seconds for r in runs) / n - inside

@@ -17,7 +17,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         default="large,small,relay,reprompt,hf-large,assisted",
         help="comma-separated: large, small, relay, reprompt, relay-spec, large-spec, hf-large, assisted; a cue set as"
         " relay@<cues> / reprompt@<cues>; verified relay as relay+verify@<rule> / relay-spec+verify@<rule>, the rule"
-        " greedy, prob:TAU or ratio:TAU, optionally +answer (e.g. relay+verify@prob:0.05)",
+        " greedy, prob:TAU or ratio:TAU, optionally +answer (e.g. relay+verify@prob:0.05); drafts copied from the"
+        " context as large+lookup (alone) / large-spec+lookup (the small model's where none fits)",
     )
     parser.add_argument("--large", default="demo")
     parser.add_argument("--small", default="demo")

@@ -3,6 +3,7 @@
 relaygen tune [PAIR] [--explain] [--refresh] [--budget 60] [--formats large:bf16,small:int8,...]
 relaygen tune [PAIR] --costs TABLE.json --explain        # price on a recorded table (another machine's)
 relaygen tune [PAIR] --profile-from RESULTS.json[:MODE,MODE] ...   # write the profile's "tuning" entry
+relaygen tune [PAIR] --profile-from NEW/results.json --reference OLD/results.json  # NEW has no `large` of its own
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--measured", type=Path, default=None, help=measured)
     profile_from = "write the profile's tuning entry from saved bench runs (MODES: comma-separated)"
     parser.add_argument("--profile-from", nargs="+", default=None, metavar="RESULTS[:MODES]", help=profile_from)
+    reference = (
+        "with --profile-from: a results.json whose 'large' runs are the accuracy reference of a run that has no "
+        "'large' of its own, on the problems both have (refused unless both runs' data, max_new_tokens, "
+        "temperature, CPU flags and torch match); a run with its own 'large' keeps it"
+    )
+    parser.add_argument("--reference", type=Path, default=None, metavar="RESULTS.json", help=reference)
     parser.add_argument("--profile", type=Path, default=None, help="the profile to read or write (default: shipped)")
     parser.set_defaults(func=run_tune)
 
@@ -49,10 +56,11 @@ def _write_profile(args: argparse.Namespace, console: Console) -> int:
     for spec in args.profile_from:
         path, _, modes = spec.partition(":")
         sources.append((Path(path), modes.split(",") if modes else None))
-    modes = modes_from_results(sources)
+    modes = modes_from_results(sources, reference=args.reference)
     target = _profile_path(args)
     profile = json.loads(target.read_text(encoding="utf-8"))
-    profile[TUNING_KEY] = tuning_entry(modes, [str(path.parent) for path, _ in sources])
+    read = [path for path, _ in sources] + ([args.reference] if args.reference is not None else [])
+    profile[TUNING_KEY] = tuning_entry(modes, [str(path.parent) for path in read])
     target.write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")
     console.print(f"wrote {len(modes)} modes into {target}'s {TUNING_KEY!r} entry")
     return 0
@@ -114,6 +122,8 @@ def run_tune(args: argparse.Namespace) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=200)
     if args.profile_from:
         return _write_profile(args, console)
+    if args.reference is not None:
+        raise SystemExit("--reference only applies with --profile-from")
     profile = json.loads(_profile_path(args).read_text(encoding="utf-8"))
     if args.costs is not None:
         table = PassCostTable.load(args.costs)

@@ -45,6 +45,7 @@ from .local.kv import KVCacheKind, cache_options
 from .local.loading import load_pair, pair_key, pick_device, shared_pair
 from .local.speculative import DEFAULT_DRAFT_CONFIDENCE
 from .local.weights import PairDTypeSpec
+from .remote import connect
 
 __all__ = ["BackendCapabilityError", "EngineBusyError", "GenerationError", "GenerationPlan", "RelayEngine"]
 
@@ -68,6 +69,7 @@ class RelayEngine:
         mode: Mode | None = None,
         speculative: bool | int = False,
         verify: VerifyRule | str | None = None,
+        prompt_lookup: bool = False,
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
@@ -82,11 +84,11 @@ class RelayEngine:
         self._cue_cache: dict[Any, CueSet] = {}
         # The ids every model of the pair can read: the tokenizer's, and no more than the backend's models take.
         self.vocab_size = min(len(tokenizer), backend.vocab_size)
-        # The defaults for requests that do not say; validated like a request's own.
-        # ``mode=None``: relay when there is a small model, else the large model alone.
+        # Defaults for requests that do not say, validated like a request's. ``mode=None``: relay with a small model.
         fallback: Mode = "relay" if "small" in backend.roles else "large"
         self.mode: Mode = self._checked_mode(merge_settings({"mode": mode}).mode or fallback)
         self.speculative = self._draft_limit(merge_settings({"speculative": speculative}), default=0)
+        self.prompt_lookup = bool(merge_settings({"prompt_lookup": prompt_lookup}).prompt_lookup)
         try:  # the rule for requests that leave ``verify`` unset; None = off
             self.verify = parse_verify_default(verify)
         except ValueError as exc:
@@ -113,6 +115,7 @@ class RelayEngine:
         draft_vocab: DraftVocab = None,
         kv_cache: KVCacheKind = "auto",
         compile: bool = False,
+        prompt_lookup: bool = False,
     ) -> RelayEngine:
         """An engine over two loaded transformers models (the small one may be None: mode ``large`` only).
         ``kv_cache="static"`` preallocates each model's KV cache; ``compile=True`` (static cache implied) compiles
@@ -122,9 +125,8 @@ class RelayEngine:
             large, small, tokenizer, large_name=large_name, small_name=small_name, reuse_prefix=reuse_prefix,
             draft_confidence=draft_confidence, draft_vocab=draft_vocab, cache=cache_options(kv_cache, compile),
         )  # fmt: skip
-        return cls(
-            backend, tokenizer, cues, policy, pair_name=pair_name, mode=mode, speculative=speculative, verify=verify
-        )
+        return cls(backend, tokenizer, cues, policy, pair_name=pair_name, mode=mode, speculative=speculative,
+                   verify=verify, prompt_lookup=prompt_lookup)  # fmt: skip
 
     @classmethod
     def from_pretrained(
@@ -146,6 +148,7 @@ class RelayEngine:
         draft_vocab: DraftVocab | Literal["auto"] = "auto",
         kv_cache: KVCacheKind = "auto",
         compile: bool = False,
+        prompt_lookup: bool | Literal["auto"] = "auto",
     ) -> RelayEngine:
         """Loads both models (a known pair name such as ``"demo"``, a local directory, or a hub id).
 
@@ -158,7 +161,8 @@ class RelayEngine:
         from ..tune.configuration import configure_pair  # deferred: tuning loads the registry's models
 
         torch_device = pick_device(device)
-        given = dict(mode=mode, speculative=speculative, verify=verify, dtype=dtype, draft_vocab=draft_vocab)
+        given = dict(mode=mode, speculative=speculative, verify=verify, dtype=dtype, draft_vocab=draft_vocab,
+                     prompt_lookup=prompt_lookup)  # fmt: skip
         configuration = configure_pair(known_pair(large, small), torch_device, given)
         formats = configuration.dtype if isinstance(dtype, str) and dtype == "auto" else dtype
         loaded = load_pair(large, small, torch_device, formats, trust_remote_code, allow_pickle)
@@ -180,6 +184,7 @@ class RelayEngine:
             draft_vocab=configuration.draft_vocab if draft_vocab == "auto" else draft_vocab,
             kv_cache=kv_cache,
             compile=compile or configuration.compile,
+            prompt_lookup=configuration.prompt_lookup if prompt_lookup == "auto" else prompt_lookup,
         )
         engine.configuration = configuration
         return engine
@@ -227,13 +232,7 @@ class RelayEngine:
         """
         verify = options.pop("verify", None)
         mode = options.pop("mode", None)
-        try:
-            from .remote.backend import RemoteBackend
-        except ModuleNotFoundError as exc:
-            if exc.name not in ("httpx", "openai"):
-                raise
-            raise ImportError(f"the remote backend needs {exc.name}: pip install relaygen-integrations[serve]") from exc
-        backend = RemoteBackend(large, small, tokenizer, **options)
+        backend = connect(large, small, tokenizer, **options)
         return cls(backend, backend.tokenizer, cues, policy, mode=mode, verify=verify)
 
     # -- identity and lifetime ------------------------------------------------------------------------------------
@@ -309,6 +308,7 @@ class RelayEngine:
             max_new_tokens=min(settings.max_new_tokens, room),
             cues=self._request_cues(settings.cues),
             speculative=self._draft_limit(settings, self.speculative),
+            prompt_lookup=self.prompt_lookup if settings.prompt_lookup is None else settings.prompt_lookup,
             verify=self.verify if settings.verify is None else settings.verify or None,
             mode=mode,
         )

@@ -30,6 +30,7 @@ from typing import Any
 from .costs import PassCostTable
 from .work import ModeWork
 
+LOOKUP_SUFFIX = "+lookup"  # bench modes whose drafts are copied from the context first (``large-spec+lookup``)
 FAITHFUL_FORMATS = frozenset({"bf16", "fp16", "fp32", "bf16+compile", "fp16+compile", "fp32+compile"})
 # The issue that asked for the tuner (#40) set the bar: within 2 problems of the large model on >= 60 dev problems.
 MIN_EVIDENCE_PROBLEMS = 60
@@ -94,8 +95,9 @@ def join_mode(base: str, large: str, small: str) -> str:
 
 
 def mode_family(base: str) -> str:
-    """``relay-spec+verify@prob:0.2`` -> ``relay+verify@prob:0.2``: the mode whose text speculation leaves as it is."""
-    head, sep, rest = base.partition("+")
+    """``relay-spec+verify@prob:0.2`` -> ``relay+verify@prob:0.2``: the mode whose text speculation leaves as it is
+    (drafts copied from the context, ``+lookup``, are speculation too: ``large-spec+lookup`` -> ``large``)."""
+    head, sep, rest = base.replace(LOOKUP_SUFFIX, "").partition("+")
     family = "large" if head == "large-spec" else "relay" if head == "relay-spec" else head
     return family + sep + rest
 

@@ -17,7 +17,7 @@ import torch
 
 from ..engine.core.configuration import PairConfiguration, explicit_settings
 from ..engine.core.cues import shipped_profile
-from .candidates import Candidate, split_mode
+from .candidates import LOOKUP_SUFFIX, Candidate, split_mode
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,8 @@ def configuration_for(candidate: Candidate, speedup: float, machine: str) -> Pai
     compiled = large.endswith("+compile") or small.endswith("+compile")
     large, small = large.removesuffix("+compile"), small.removesuffix("+compile")
     head, _, rule = base.partition("@")
+    lookup = LOOKUP_SUFFIX in head
+    head = head.replace(LOOKUP_SUFFIX, "")
     speculative = "-spec" in head
     return PairConfiguration(
         mode=head.split("+")[0].removesuffix("-spec"),
@@ -35,6 +37,7 @@ def configuration_for(candidate: Candidate, speedup: float, machine: str) -> Pai
         verify=rule if "+verify" in head else None,
         dtype=large if large == small else f"{large}/{small}",
         draft_vocab=candidate.draft_vocab if speculative else None,
+        prompt_lookup=lookup,
         compile=compiled,
         source="tuned",
         candidate=candidate.name,

@@ -10,7 +10,7 @@ Budget (``DEFAULT_BUDGET_SECONDS``, the loading of each format included): format
 (the shipped default's first), each size once, then again while time is left (the median of what was measured is
 kept). A size whose pass would overrun the budget is not run: the table then ends at the last measured size and
 ``costs.interpolate`` extrapolates (passes grow about linearly there). A format that cannot start before the budget
-is spent is left out, and the candidates that need it are reported as unpriced.
+is spent, or that fails to load, is left out, and the candidates that need it are reported as unpriced.
 
 The source of timings is an interface (:class:`PassTimer`), so tests count measurements with a scripted one.
 """
@@ -18,6 +18,7 @@ The source of timings is an interface (:class:`PassTimer`), so tests count measu
 from __future__ import annotations
 
 import gc
+import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,8 @@ DEFAULT_BUDGET_SECONDS = 60.0
 # Repeat a format's sweep (median of up to 3) only when one sweep costs less than this share of the budget: on the
 # AVX2 EPYC a bf16 sweep of the 1.5B model takes 14 s and an int8 sweep of the 0.5B one 0.8 s.
 REPEAT_BELOW_SHARE = 0.05
+
+logger = logging.getLogger(__name__)
 
 
 class PassTimer(Protocol):
@@ -62,7 +65,14 @@ def measure_pass_costs(
     for role, fmt in plan:
         if clock() >= deadline:
             break
-        timer.load(role, fmt)
+        try:
+            timer.load(role, fmt)
+        except (OSError, ValueError, RuntimeError) as exc:
+            # A format this model cannot take here (a GGUF whose tensors no kernel reads, a missing file): the rest
+            # of the plan is still measured, and candidates needing this one are reported unpriced.
+            logger.warning("tuning: %s in %s could not be loaded (%s); left out", role, fmt, exc)
+            timer.close()
+            continue
         try:
             samples: dict[int, list[float]] = {}
             timer.time_pass(1)  # warm-up: the first call packs weights and picks kernels

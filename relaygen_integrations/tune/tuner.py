@@ -31,19 +31,55 @@ from .measure import DEFAULT_BUDGET_SECONDS, ModelPassTimer, PassTimer, measure_
 from .profile import profiled_modes
 
 TUNE_ENV = "RELAYGEN_TUNE"
-# What a machine measures, in priority order: the shipped default's formats first, so a cut-short budget still
-# prices it. int8 for the large model is left out: no mode with it is accuracy-backed (``candidates.py``), and
-# quantizing the 1.5B model alone takes 27 s on the AVX2 EPYC (``relaygen tune --formats`` can ask for it).
-CPU_PLAN: tuple[tuple[str, str], ...] = (("large", "bf16"), ("small", "int8"), ("small", "bf16"), ("large", "fp32"))
+# What a machine measures, in priority order: the shipped default's formats first (large bf16, small int8), so a
+# cut-short budget still prices it, then the small bf16 drafter. Then the large model in the GGUF's own 4-bit weights
+# (``gguf``, only for a pair whose GGUF is kept here: ``default_plan``): its one-token step took 144 ms against bf16's
+# 275 on a 2-core AVX512-BF16 EPYC, but loading it took 14.2 s there (``benchmarks/data/pass-cost-gguf``), so it
+# comes after the cheap small-model loads; and it is accuracy-backed only by a run's evidence (``candidates.py``).
+# fp32 for the large model last: a faithful format whose wide passes beat bf16's where bf16 is emulated (AVX2 only:
+# 1.41 s against 1.77 over 8 positions, but 435 ms against 292 for one; measuring its copy peaked at 10.4 GiB,
+# ``tune-avx2-epyc``), the largest load of the plan. int8 for the large model is left out: no mode with it is
+# accuracy-backed, and quantizing the 1.5B model alone takes 27 s on the AVX2 EPYC (``relaygen tune --formats`` can
+# ask for it).
+# A table cached before a format joined the plan does not cover it, so ``load_cached`` measures that machine once
+# more at its next first use (a pair whose GGUF is kept later, or a cache from before ``gguf`` was planned): intended,
+# the new format is then priced.
+CPU_PLAN: tuple[tuple[str, str], ...] = (
+    ("large", "bf16"),
+    ("small", "int8"),
+    ("small", "bf16"),
+    ("large", "gguf"),
+    ("large", "fp32"),
+)
 CUDA_PLAN: tuple[tuple[str, str], ...] = (("large", "bf16"), ("small", "bf16"))
+GGUF_FORMAT = "gguf"
 
 
 def tuning_enabled() -> bool:
     return os.environ.get(TUNE_ENV, "").strip().lower() not in {"off", "0", "false", "no"}
 
 
-def default_plan(device: torch.device) -> tuple[tuple[str, str], ...]:
-    return CUDA_PLAN if device.type == "cuda" else CPU_PLAN
+def pair_has_gguf(pair: str) -> bool:
+    """Whether ``pair_model_loader`` can load the pair's large model in ``gguf``: ``gguf_source``, which it calls,
+    finds the file (a known pair's kept GGUFs, ``relaygen models fetch`` keeps them; for another name, the one
+    ``*.gguf`` in the directory it names). Reads the disk only; never downloads."""
+    from ..engine.core.pairs import ModelLoadError
+    from ..engine.local.loading import gguf_source
+
+    try:
+        gguf_source(pair, pair, "large")
+    except (ModelLoadError, ValueError, OSError):
+        return False
+    return True
+
+
+def default_plan(device: torch.device, pair: str | None = None) -> tuple[tuple[str, str], ...]:
+    """What ``device`` measures for ``pair`` (``CPU_PLAN``'s comment): ``gguf`` only where the pair has a GGUF."""
+    if device.type == "cuda":
+        return CUDA_PLAN
+    if pair is not None and pair_has_gguf(pair):
+        return CPU_PLAN
+    return tuple(item for item in CPU_PLAN if item[1] != GGUF_FORMAT)
 
 
 def cache_path(pair: str, machine: MachineIdentity, home: Path | None = None) -> Path:
@@ -123,7 +159,7 @@ def tune_pair(
     modes = profiled_modes(profile)
     if not modes:
         raise ValueError(f"the {pair!r} profile has no 'tuning' entry: run relaygen tune --profile-from first")
-    plan = tuple(plan or default_plan(device))
+    plan = tuple(plan or default_plan(device, pair))
     machine = this_machine(device)
     path = cache_path(pair, machine, home)
     table = None if refresh else load_cached(path, plan)

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from .cues import shipped_profile
 from .spans import MODES
 
-SETTINGS = ("mode", "speculative", "verify", "dtype", "draft_vocab")
+SETTINGS = ("mode", "speculative", "verify", "dtype", "draft_vocab", "prompt_lookup")
 
 
 class PairConfiguration(BaseModel):
@@ -38,6 +38,7 @@ class PairConfiguration(BaseModel):
     verify: str | None = None
     dtype: str = "auto"  # per-model formats, "LARGE/SMALL" (``engine/local/weights.pick_pair_weights``)
     draft_vocab: int | None = None
+    prompt_lookup: bool = False  # drafts copied from the context first (``engine/local/prompt_lookup.py``)
     compile: bool = False  # compiled one-token steps (a format named ``+compile`` in a tuner's cost table)
     source: str = "generic"  # "tuned", "profile" or "generic"
     candidate: str | None = None  # the benchmark mode it runs (``large-spec#bf16/int8``), when tuned

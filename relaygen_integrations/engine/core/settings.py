@@ -109,6 +109,11 @@ class GenerationSettings(BaseModel):
     draft_vocab: Annotated[int, Field(ge=0, strict=True)] | None = None
     """Speculation: drafts score only the N most frequent tokens (+ special and prompt tokens), which makes a draft
     step cheaper and changes no output (``local/draft_head.py``); 0 = the whole vocabulary; None = the engine's."""
+    prompt_lookup: bool | None = None
+    """Drafts copied from the context: where the last tokens written occur earlier in the prompt or the text, the
+    tokens that followed them there are checked by the large model as a draft (no model cost); the small model drafts
+    where none matches when ``speculative`` is on. Output as without it (``local/prompt_lookup.py``); None = the
+    engine's default."""
     reprefill_segments: bool = False
     """Baseline only: every segment re-reads the whole sequence, as RelayGen's original serving did."""
     reasoning_format: Literal["separate", "inline"] | None = None
@@ -234,6 +239,7 @@ class GenerationPlan:
     max_new_tokens: int  # the request's, clipped to the room left in the context window
     cues: CueSet  # the request's own, or the engine's when the request names none
     speculative: int = 0  # maximum draft length of self-speculative decoding; 0 = off
+    prompt_lookup: bool = False  # drafts copied from the context (the small model's where none fits, if speculative)
     verify: VerifyRule | None = None  # the request's rule, or the engine's default; None = off
     mode: Mode = "relay"  # the request's, or the engine's default when the request names none
     # A chat turn with tools offered (``tool_choice="auto"``) under its grammar: the first position decides between

@@ -65,6 +65,9 @@ class Usage:
     speculative_rounds: int = 0
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    # Of those, tokens copied from the context (prompt lookup, ``prompt_lookup=True``) and how many were kept.
+    lookup_draft_tokens: int = 0
+    lookup_accepted_tokens: int = 0
     # Remote backend (``RelayEngine.from_endpoints``): completion requests sent to the servers, one per segment plus
     # one per continuation after a server-side stop the policy did not act on; 0 for local models.
     requests: int = 0
@@ -166,6 +169,8 @@ class RelayResult:
                 "drafted": self.usage.draft_tokens,
                 "accepted": self.usage.accepted_draft_tokens,
                 "acceptance_rate": round(self.usage.acceptance_rate, 4),
+                "copied": self.usage.lookup_draft_tokens,
+                "copied_accepted": self.usage.lookup_accepted_tokens,
             },
             # Verified relay (zeros when off): small-model tokens the large model checked, kept and rejected.
             "verification": {

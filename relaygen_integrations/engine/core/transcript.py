@@ -42,6 +42,8 @@ class BackendUsage:
     speculative_rounds: int = 0
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    lookup_draft_tokens: int = 0
+    lookup_accepted_tokens: int = 0
     requests: int = 0
     large_forward_seconds: float = 0.0
     small_forward_seconds: float = 0.0

@@ -10,16 +10,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..constraints.grammar import GrammarTokenizer
 from ..core.backend import BackendCapabilityError
-from ..core.settings import GenerationError, GenerationPlan
+from ..core.settings import DEFAULT_MAX_DRAFT, GenerationError, GenerationPlan
 from ..core.spans import ModelRole
 from ..core.transcript import Transcript
 from .draft_head import DraftHead, DraftVocab, build_draft_head
 from .kv import CacheOptions
 from .loading import context_window, eos_token_ids
+from .prompt_lookup import PromptLookupDrafter
 from .runner import ModelRunner
 from .sampling import Sampler
 from .session import LocalSession, Speculation
-from .speculative import DEFAULT_DRAFT_CONFIDENCE, DraftLength, SmallModelDrafter
+from .speculative import DEFAULT_DRAFT_CONFIDENCE, Drafter, DraftLength, SmallModelDrafter
 
 
 class LocalBackend:
@@ -64,8 +65,8 @@ class LocalBackend:
         self.reuse_prefix = reuse_prefix
         # llguidance's view of the tokenizer, built on the first constrained request (~1 s); masks as wide as the
         # large model's logits (its padding rows are never allowed).
-        width = int(large.config.get_text_config(decoder=True).vocab_size)
-        self.grammar_tokenizer = GrammarTokenizer(tokenizer, width, sorted(self.eos_ids))
+        self.logits_width = int(large.config.get_text_config(decoder=True).vocab_size)
+        self.grammar_tokenizer = GrammarTokenizer(tokenizer, self.logits_width, sorted(self.eos_ids))
         # Speculation: a draft stops after a token the small model gave less than this probability (0 = never).
         self.draft_confidence = float(draft_confidence)
 
@@ -86,11 +87,13 @@ class LocalBackend:
         # Speculation in mode "large" needs the small model too (as the drafter); mode "small" has nothing to draft.
         both = plan.mode == "relay" or (plan.mode == "large" and plan.speculative > 0)
         runners = {role: self.runners[role] for role in (("large", "small") if both else (plan.mode,))}
-        speculation = (
-            Speculation(SmallModelDrafter(self.runners["small"], DraftLength(plan.speculative), self.draft_confidence))
-            if plan.speculative and both
-            else None
-        )
+        drafter: Drafter | None = None
+        if plan.speculative and both:
+            drafter = SmallModelDrafter(self.runners["small"], DraftLength(plan.speculative), self.draft_confidence)
+        if plan.prompt_lookup and plan.mode != "small":  # copies first; the small model's drafts (if any) fill in
+            length = DraftLength(plan.speculative or DEFAULT_MAX_DRAFT)
+            drafter = PromptLookupDrafter(drafter, self.logits_width, length)
+        speculation = Speculation(drafter) if drafter is not None else None
         if "small" in runners:  # only drafts read it: a request that drafts nothing prepares no subset
             self.runners["small"].draft_head = self.draft_head(plan.settings.draft_vocab) if speculation else None
         return LocalSession(

@@ -29,8 +29,9 @@ from .wide_passes import wide_pass, wide_pass_rows
 # What a forward pass was for. A runner knows it from the call: ``decode`` forwards the one token its model wrote
 # last (for the small model: its sentences and answers), ``catchup`` the other model's tokens it missed (several at
 # once), ``prefill`` prompt tokens, ``draft`` a speculative draft step, ``verify_drafts`` the large model's check of a
-# draft, ``verify_sentences`` verified relay's scoring of a small sentence.
-PASS_KINDS = ("prefill", "decode", "catchup", "draft", "verify_drafts", "verify_sentences")
+# draft, ``verify_lookup`` its check of a draft copied from the context (``prompt_lookup.py``), ``verify_sentences``
+# verified relay's scoring of a small sentence.
+PASS_KINDS = ("prefill", "decode", "catchup", "draft", "verify_drafts", "verify_lookup", "verify_sentences")
 
 # Told of every forward pass over committed ids ``[start, end)`` (the transcript counts prefill / catch-up from it).
 ForwardObserver = Callable[[int, int], None]
@@ -188,15 +189,16 @@ class ModelRunner:
         self.stats.add_seconds(kind, time.perf_counter() - started)  # the output layer is part of the pass
         return logits
 
-    def check_draft(self, ids: list[int], draft: list[int]) -> torch.Tensor:
+    def check_draft(self, ids: list[int], draft: list[int], kind: str = "verify_drafts") -> torch.Tensor:
         """Speculation: logits after ``ids`` and after each draft prefix — ``len(draft) + 1`` rows — in ONE forward
-        pass over the unseen part of ``ids`` followed by the draft. (Verified relay's pass is :meth:`score`.)"""
+        pass over the unseen part of ``ids`` followed by the draft (``kind``: whose draft, for ``time_split``).
+        (Verified relay's pass is :meth:`score`.)"""
         if len(self.cached_ids) >= len(ids):
             self.sync_to(ids)  # always leave one committed token to forward, so row 0 comes from this pass
         seen = len(self.cached_ids)
         self._account(seen, len(ids))
         self.stats.verified_tokens += len(draft)
-        kind = "prefill" if seen < self.prompt_len else "verify_drafts"  # a first round also reads the prompt
+        kind = "prefill" if seen < self.prompt_len else kind  # a first round also reads the prompt
         logits = forward_tokens(self, ids[seen:] + draft, keep=len(draft) + 1, kind=kind)
         logits = logits.reshape(len(draft) + 1, -1)
         self.last_logits, self.last_hidden = logits[-1], None

@@ -14,6 +14,7 @@ from ..constraints.grammar import GrammarState
 from ..core.settings import MAX_DRAFT_LIMIT
 from ..core.spans import ModelRole
 from ..core.transcript import BackendUsage, Fed, Transcript
+from .prompt_lookup import LookupCounts, PromptLookupDrafter
 from .runner import ModelRunner
 from .sampling import Sampler, token_logprobs
 from .speculative import Drafter, SpeculationStats, speculative_step
@@ -156,11 +157,16 @@ class LocalSession:
         stats = self.speculation.stats if self.speculation else SpeculationStats()
         seconds = {role: runner.stats.forward_seconds for role, runner in self.runners.items()}
         grammar = {"grammar.mask": self.grammar.mask_seconds} if self.grammar is not None else {}
+        drafter = self.speculation.drafter if self.speculation else None
+        copied = drafter.counts if isinstance(drafter, PromptLookupDrafter) else LookupCounts()
+        lookup = {"lookup.search": copied.search_seconds} if isinstance(drafter, PromptLookupDrafter) else {}
         return BackendUsage(
             reused_prefix_tokens=sum(r.stats.reused_tokens for r in self.runners.values()),
             speculative_rounds=stats.rounds,
             draft_tokens=stats.drafted,
             accepted_draft_tokens=stats.accepted,
+            lookup_draft_tokens=copied.drafted,
+            lookup_accepted_tokens=copied.accepted,
             large_forward_seconds=seconds.get("large", 0.0),
             small_forward_seconds=seconds.get("small", 0.0),
             time_split={
@@ -168,6 +174,7 @@ class LocalSession:
                 for role, runner in self.runners.items()
                 for kind, spent in runner.stats.seconds_by_kind.items()
             }
-            | grammar,
+            | grammar
+            | lookup,
             passes={role: dict(sorted(runner.stats.passes.items())) for role, runner in self.runners.items()},
         )

@@ -15,10 +15,10 @@ Per round (:func:`speculative_step`)::
     drafter.update(len(draft), accepted)                        # adapt the next draft's length
 
 The drafter is an interface (:class:`Drafter`, after transformers' candidate generators: ``get_candidates`` /
-``update_candidate_strategy``); :class:`SmallModelDrafter` - the relay pair's small model - is today's one, and an
-n-gram or prompt-lookup drafter would plug in beside it. The generation loop feeds accepted tokens to the switching
-policy one at a time, exactly as if they had been decoded one by one; when a cue completes inside an accepted run the
-rest is discarded and both caches are cropped.
+``update_candidate_strategy``); :class:`SmallModelDrafter` is the relay pair's small model, and
+``prompt_lookup.PromptLookupDrafter`` copies drafts from the context, the small model's where none fits. The
+generation loop feeds accepted tokens to the switching policy one at a time, exactly as if they had been decoded one
+by one; when a cue completes inside an accepted run the rest is discarded and both caches are cropped.
 
 Under a grammar (``constraints/grammar.py``) every draft step is masked by the grammar state at its position and
 advances it; the check's rows are masked by the same states (row ``i`` by the state after draft tokens ``[:i]``), so
@@ -184,6 +184,11 @@ class Drafter(Protocol):
         """How many of the last proposal's tokens the large model kept (adapts the next proposal)."""
         ...
 
+    @property
+    def verify_kind(self) -> str:
+        """The pass kind of the large model's check of the last proposal (``runner.PASS_KINDS``)."""
+        ...
+
 
 @dataclass
 class SmallModelDrafter:
@@ -208,6 +213,10 @@ class SmallModelDrafter:
     def update(self, drafted: int, accepted: int) -> None:
         self.length.update(drafted, accepted)
 
+    @property
+    def verify_kind(self) -> str:
+        return "verify_drafts"
+
 
 def speculative_step(
     large: ModelRunner,
@@ -225,7 +234,7 @@ def speculative_step(
     past what the caller keeps; it crops them (``ModelRunner.sync_to``, ``GrammarState.follow``) once it has decided
     how many tokens it keeps."""
     draft_tokens, draft_probs = drafter.propose(ids, sampler, budget - 1, eos_ids, grammar)
-    target_logits = large.check_draft(ids, draft_tokens)
+    target_logits = large.check_draft(ids, draft_tokens, drafter.verify_kind)
     checked = target_logits
     if grammar is not None:  # row i under the state after draft_tokens[:i] (each computed while drafting)
         checked = grammar.masked_rows(target_logits, len(ids) - grammar.prompt_len)

@@ -381,10 +381,11 @@ class RemoteBackend:
                 "over endpoints every segment already is a fresh request (turn the server's prefix cache off to "
                 "measure that)",
             )
-        if plan.speculative:
+        if plan.speculative or plan.prompt_lookup:
             raise BackendCapabilityError(
-                self.kind, "run speculative decoding", "it needs both models' logits in one process"
-            )
+                self.kind, "run speculative decoding", "it needs both models' logits in one process",
+                "prompt_lookup" if plan.prompt_lookup and not plan.speculative else "speculative",
+            )  # fmt: skip
         if plan.logprobs is not None:
             raise BackendCapabilityError(
                 self.kind, "report log probabilities (logprobs)", "the relay reads sampled tokens from the servers, "
