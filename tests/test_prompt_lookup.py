@@ -164,3 +164,21 @@ def test_the_engine_default_applies_unless_a_request_says(tokenizer, pair):
     engine = relay_engine(tokenizer, *pair, prompt_lookup=True)
     assert engine.plan([1, 2]).prompt_lookup and not engine.plan([1, 2], prompt_lookup=False).prompt_lookup
     assert not relay_engine(tokenizer, *pair).plan([1, 2]).prompt_lookup
+
+
+def test_an_extension_is_as_long_as_the_copy_schedule_allows():
+    class Sure:  # a small-model drafter whose drafts always fill their length
+        length = DraftLength(2, current=2)
+
+        def propose(self, ids, sampler, budget, eos_ids, grammar=None):
+            return [1, 2][: min(2, budget)], []
+
+        def update(self, drafted, accepted):
+            self.kept = accepted
+
+    drafter = PromptLookupDrafter(Sure(), width=16, length=DraftLength(6, current=3))  # type: ignore[arg-type]
+    ids = [9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 5]  # no copy for (0, 5); after the draft, (1, 2) was followed by 3 4 5...
+    tokens, _ = drafter.propose(ids, GREEDY, 500, frozenset())
+    assert tokens == [1, 2, 3, 4, 5] and drafter.verify_kind == "verify_drafts"
+    drafter.update(5, 5)
+    assert drafter.length.current == 5 and drafter.counts.accepted == 3 and drafter.fallback.kept == 2

@@ -96,10 +96,10 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     for mode, s in summary.items():
         cells = [
-            mode, f"{s['accuracy']:.0%}", f"**{s.get('answer_speedup_vs_large', 0):.2f}×**",
-            f"{s.get('median_answer_speedup_vs_large', 0):.2f}×", f"{s['mean_s']:.1f}", f"{s['median_s']:.1f}",
-            f"{s['mean_tokens']:.0f}", f"{s['tok_per_s']:.2f}", f"{s.get('speedup_vs_large', 0):.2f}×",
-            f"{s.get('median_speedup_vs_large', 0):.2f}×", str(s["cap_hits"]),
+            mode, f"{s['accuracy']:.0%}", _times(s, "answer_speedup_vs_large", bold=True),
+            _times(s, "median_answer_speedup_vs_large"), f"{s['mean_s']:.1f}", f"{s['median_s']:.1f}",
+            f"{s['mean_tokens']:.0f}", f"{s['tok_per_s']:.2f}", _times(s, "speedup_vs_large"),
+            _times(s, "median_speedup_vs_large"), str(s["cap_hits"]),
         ]  # fmt: skip
         cells += [f"{s['small_share']:.2f}", f"{s['switches_per_problem']:.1f}"] if "small_share" in s else ["", ""]
         cells += [f"{s['ideal_speedup']:.2f}×", f"{s['efficiency']:.2f}"] if "ideal_speedup" in s else ["", ""]
@@ -147,6 +147,13 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += render_paired(summary)
     lines += ["", "![speed vs accuracy](speed_accuracy.png)", ""]
     return "\n".join(lines)
+
+
+def _times(summary: dict[str, Any], key: str, bold: bool = False) -> str:
+    """A speed-up cell; "–" where the run has no ``large`` to compare with."""
+    if key not in summary:
+        return "–"
+    return f"**{summary[key]:.2f}×**" if bold else f"{summary[key]:.2f}×"
 
 
 # (column title, time-split key) of the per-answer table; keys from ``bench_summary.time_split``.

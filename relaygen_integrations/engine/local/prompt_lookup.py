@@ -9,7 +9,7 @@ so far, the tokens that followed them there are a draft that costs no forward pa
         start = the latest earlier occurrence of ids[-n:]   # never the suffix itself
         if found: draft = ids[start + n : start + n + length]; stop
     no match:  draft = the small model's draft (``SmallModelDrafter``), and when it filled its whole length (every
-               token sure), it is extended by a lookup on ids + draft (``budget`` bounds both)
+               token sure), it is extended by a lookup on ids + draft (as long as the copy schedule allows)
 
 The large model checks the draft in one pass as it checks the small model's (``speculative.speculative_step``), so
 greedy output is the large model's own whatever the draft. Sampling: a copied token is a point mass ``q = one-hot(x)``;
@@ -17,9 +17,9 @@ the acceptance rule then keeps ``x`` with probability ``p(x)`` and otherwise sam
 ``p`` without ``x`` - the large model's distribution unchanged. Under a grammar each copied token must be allowed at
 its position (the draft ends before the first that is not) and advances the state like a drafted token.
 
-A copied draft's length adapts as the small model's does (``DraftLength``: +2 after a fully accepted draft, -1 after
-a rejection), its own schedule: a copy is free to propose but each position costs the verify pass (flat on AMX or
-AVX512-BF16 CPUs, growing with positions on AVX2: ``benchmarks/data/pass-cost-*``).
+A copied draft's length - first or as an extension - adapts as the small model's does (``DraftLength``: +2 after a
+fully accepted copy, -1 after a rejection), its own schedule: a copy is free to propose but each position costs the
+verify pass (flat on AMX or AVX512-BF16 CPUs, growing with positions on AVX2: ``benchmarks/data/pass-cost-*``).
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ class PromptLookupDrafter:
         room = budget - len(tokens)
         filled = len(tokens) == min(self.fallback.length.current, budget)
         if tokens and room > 0 and filled and tokens[-1] not in eos_ids:
-            extension = self._copy(ids + tokens, room, eos_ids, grammar)
+            # A copy is as long as the copy schedule allows, never the whole budget: the check's positions cost.
+            extension = self._copy(ids + tokens, min(room, self.length.current), eos_ids, grammar)
             self._copied = len(extension)
             tokens, probs = tokens + extension, probs + self._point_masses(extension, sampler)
         return tokens, probs
@@ -130,8 +131,7 @@ class PromptLookupDrafter:
             kept = max(0, accepted - self._small)
             self.counts.drafted += self._copied
             self.counts.accepted += kept
-            if not self._small:
-                self.length.update(self._copied, kept)
+            self.length.update(self._copied, kept)
 
     def _copy(self, ids: list[int], length: int, eos_ids: frozenset[int], grammar: GrammarState | None) -> list[int]:
         started = time.perf_counter()
