@@ -100,6 +100,18 @@ def test_the_same_flags_in_another_order_are_the_same_machine(tmp_path: Path, ne
     assert evidence is not None and (evidence.problems, evidence.reference_solved) == (2, 2)
 
 
+def test_a_flag_no_kernel_reads_beside_its_wider_form_does_not_part_machines(tmp_path: Path) -> None:
+    flags = ["avx2", "avx512_vnni", "avx512_bf16"]
+    new = write(tmp_path / "new", [run(p, "large#gguf", True) for p in range(2)], cpu_flags=[*flags, "avx_vnni"])
+    old = write(tmp_path / "old", [run(p, "large", True) for p in range(2)], cpu_flags=flags)
+    assert modes_from_results([(new, None)], reference=old)["large#gguf"].evidence is not None
+    # Without AVX-512 VNNI, avx_vnni selects kernels (oneDNN's AVX2 VNNI path): refused.
+    new = write(tmp_path / "new2", [run(p, "large#gguf", True) for p in range(2)], cpu_flags=["avx2", "avx_vnni"])
+    old = write(tmp_path / "old2", [run(p, "large", True) for p in range(2)], cpu_flags=["avx2"])
+    with pytest.raises(ReferenceMismatchError, match="cpu_flags"):
+        modes_from_results([(new, None)], reference=old)
+
+
 def test_a_reference_without_large_runs_is_refused(tmp_path: Path, new_run: Path) -> None:
     no_large = write(tmp_path / "other", [run(p, "large#int8", True) for p in range(10)])
     with pytest.raises(ReferenceMismatchError, match=r"--reference .*no 'large' runs"):
