@@ -101,8 +101,9 @@ def run_modes(saved: Mapping[str, Any]) -> dict[str, ModeFacts]:
 
 
 def bench_mode(name: str) -> str:
-    """The bench mode a mode name is a variant of: relay-spec+verify@prob:0.2#int8 -> relay-spec."""
-    return split_format(name)[0].split("@", 1)[0].removesuffix("+verify")
+    """The bench mode a mode name is a variant of: relay-spec+verify@prob:0.2#int8 -> relay-spec, and
+    large-spec+lookup#bf16/int8 -> large-spec."""
+    return split_format(name)[0].split("@", 1)[0].removesuffix("+verify").removesuffix("+lookup")
 
 
 def engine_mode(arguments: re.Match[str]) -> str:
