@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..engine.local.cpu import kernel_flags
 from .candidates import Evidence, ProfiledMode, join_mode, split_mode
 from .work import work_from_runs
 
@@ -51,17 +52,9 @@ def _large_runs(saved: Mapping[str, Any]) -> dict[Any, dict[str, Any]]:
     return {run["problem"]: run for run in saved["runs"] if run["mode"] == "large"}
 
 
-# Flags no kernel reads where another is present: the VEX-encoded VNNI (avx_vnni) is oneDNN's and fbgemm's AVX2 path
-# only; with AVX-512 VNNI they take the AVX-512 one. Two EPYCs told apart by it alone (relay-vs-spec-60 and gguf-60:
-# the same flags but avx_vnni) run the same kernels.
-SHADOWED_FLAGS = {"avx_vnni": "avx512_vnni"}
-
-
 def _comparable(value: Any) -> Any:
-    if not isinstance(value, list):
-        return value
-    flags = set(value)
-    return sorted(f for f in flags if SHADOWED_FLAGS.get(f) not in flags)
+    """A config or machine value as it decides the text: a flag list as the kernels it selects (``cpu.py``)."""
+    return kernel_flags(value) if isinstance(value, list) else value
 
 
 def check_reference(saved: Mapping[str, Any], path: Path, reference: Mapping[str, Any], reference_path: Path) -> None:
@@ -103,7 +96,7 @@ def modes_from_results(
             by_mode.setdefault(run["mode"], []).append(run)
         large = _large_runs(saved)
         benchmark = str(Path(path).parent)
-        if not large and reference is not None and reference_saved is not None:
+        if not large and reference is not None and reference_saved is not None:  # both or neither: for mypy
             check_reference(saved, Path(path), reference_saved, reference)
             large = _large_runs(reference_saved)
             benchmark = f"{benchmark} (reference large: {Path(reference).parent})"

@@ -82,6 +82,18 @@ def chosen_tools(tools: Sequence[Mapping[str, Any]], tool_choice: Any) -> list[M
     return [tool for tool in tools if tool["function"]["name"] == named] if named else list(tools)
 
 
+def json_call_prefix(tool_choice: Any, opening: str, arguments_key: str) -> str | None:
+    """The prefill forcing ``tool_choice`` in a format whose call is ``opening`` then a JSON object ``{"name": ...,
+    <arguments_key>: {...}}``: up to the name's opening quote for any tool, into the arguments for a named one; None
+    where nothing is forced."""
+    if forces_nothing(tool_choice):
+        return None
+    named = forced_tool(tool_choice)
+    if named is None:
+        return f'{opening}{{"name": "'
+    return f'{opening}{{"name": {json.dumps(named)}, "{arguments_key}": {{'
+
+
 def call_object_schema(tools: Sequence[Mapping[str, Any]], arguments_key: str = "arguments") -> dict[str, Any]:
     """One call object of any of ``tools``: exactly ``{"name": <its name>, <arguments_key>: <its parameters>}``, the
     tools' definitions (``$defs``) at the root of the one document, where their references point."""

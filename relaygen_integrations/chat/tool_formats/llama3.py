@@ -20,9 +20,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from ...engine.constraints.grammar import GrammarTokenizer
-from ..constraints import forced_tool, json_item
+from ..constraints import json_item
 from ..tool_calls import InvalidToolCall, call_from_data, forces_nothing
-from .base import Piece, ToolFormat, call_object_schema, chosen_tools
+from .base import Piece, ToolFormat, call_object_schema, chosen_tools, json_call_prefix
 
 PYTHON_TAG = "<|python_tag|>"
 # The keys of a call object: an object with others is an answer written as JSON (one with a "name" field too).
@@ -110,12 +110,7 @@ class Llama3JsonFormat(ToolFormat):
         return Llama3JsonParser()
 
     def forced_prefix(self, tool_choice: Any, tools: Sequence[Mapping[str, Any]]) -> str | None:
-        if forces_nothing(tool_choice):
-            return None
-        named = forced_tool(tool_choice)
-        if named is None:
-            return '{"name": "'
-        return f'{{"name": {json.dumps(named)}, "parameters": {{'
+        return json_call_prefix(tool_choice, "", "parameters")
 
     def grammar(
         self,

@@ -20,7 +20,7 @@ from typing import Any
 from ...engine.constraints.grammar import GrammarTokenizer
 from ..constraints import call_schema, forced_tool, json_item
 from ..tool_calls import InvalidToolCall, ToolCall, call_from_data, forces_nothing, partial_suffix
-from .base import Piece, ToolFormat, call_object_schema, chosen_tools, literal, tagged_turn
+from .base import Piece, ToolFormat, call_object_schema, chosen_tools, json_call_prefix, literal, tagged_turn
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -143,12 +143,7 @@ class MistralFormat(ToolFormat):
         return MistralParser(self.new_id)
 
     def forced_prefix(self, tool_choice: Any, tools: Sequence[Mapping[str, Any]]) -> str | None:
-        if forces_nothing(tool_choice):
-            return None
-        named = forced_tool(tool_choice)
-        if named is None:
-            return f'{TOOL_CALLS} [{{"name": "'
-        return f'{TOOL_CALLS} [{{"name": {json.dumps(named)}, "arguments": {{'
+        return json_call_prefix(tool_choice, f"{TOOL_CALLS} [", "arguments")
 
     def grammar(
         self,

@@ -14,6 +14,17 @@ RELEVANT_FLAGS = (
     "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
     "amx_tile", "amx_bf16", "amx_int8",
 )  # fmt: skip
+# Flags no kernel reads where the flag they map to is present: the VEX-encoded VNNI (avx_vnni) is oneDNN's and
+# fbgemm's AVX2 VNNI path only; with AVX-512 VNNI they take the AVX-512 one. Two EPYCs told apart by it alone
+# (benchmarks/data/relay-vs-spec-60 and gguf-60) run the same kernels.
+SHADOWED_FLAGS = {"avx_vnni": "avx512_vnni"}
+
+
+def kernel_flags(flags: list[str] | tuple[str, ...]) -> list[str]:
+    """``flags`` without those a present wider flag shadows (``SHADOWED_FLAGS``), sorted: equal for two CPUs whose
+    matmul kernels are the same."""
+    present = set(flags)
+    return sorted(flag for flag in present if SHADOWED_FLAGS.get(flag) not in present)
 
 
 @functools.cache

@@ -158,8 +158,9 @@ class LocalSession:
         seconds = {role: runner.stats.forward_seconds for role, runner in self.runners.items()}
         grammar = {"grammar.mask": self.grammar.mask_seconds} if self.grammar is not None else {}
         drafter = self.speculation.drafter if self.speculation else None
-        copied = drafter.counts if isinstance(drafter, PromptLookupDrafter) else LookupCounts()
-        lookup = {"lookup.search": copied.search_seconds} if isinstance(drafter, PromptLookupDrafter) else {}
+        copied, lookup = LookupCounts(), {}
+        if isinstance(drafter, PromptLookupDrafter):  # copies cost a search, no forward pass
+            copied, lookup = drafter.counts, {"lookup.search": drafter.counts.search_seconds}
         return BackendUsage(
             reused_prefix_tokens=sum(r.stats.reused_tokens for r in self.runners.values()),
             speculative_rounds=stats.rounds,
