@@ -30,6 +30,7 @@ MACHINES = {
     "Intel Xeon, AMX, AVX2 paths forced": "pass-cost-avx2-capped/avx2-capped.json",
     "AMD EPYC, AVX2 only (pass-cost-avx2.json)": "pass-cost-avx2.json",
     "AMD EPYC, AVX2 only (tune-avx2-epyc)": "tune-avx2-epyc/pass_cost.json",
+    "Intel Xeon, AVX-512 without AVX512-BF16 or AMX (first use)": "tune-check-avx512/tune_table.json",
     "NVIDIA H200, random weights (engine compile=True)": "gpu-h200/pass_cost.json",
 }
 # recorded runs -> the table of the machine (class) they ran on
@@ -40,6 +41,7 @@ RUNS = {
     "draft-vocab-bf16-amx": "pass-cost-avx2-capped/native.json",
     "int8-n5": "pass-cost-avx2.json",
     "verify-bf16": "pass-cost-avx2.json",
+    "tune-check-avx512": "tune-check-avx512/tune_table_v2.json",  # remeasured: steps median of 3, 64 positions
 }
 
 
@@ -54,8 +56,10 @@ def predicted_against_measured(results: Path, table: PassCostTable) -> list[tupl
     for run in saved["runs"]:
         by_mode[run["mode"]].append(run)
     rows = []
+    # ``default`` ran the engine's tuned configuration: priced as the candidate it was tuned to, not as bench formats
+    default = (saved.get("configurations") or {}).get("default", {}).get("candidate", "default")
     for mode, runs in by_mode.items():
-        _, large, small = split_mode(mode, run_formats)
+        _, large, small = split_mode(default if mode == "default" else mode, run_formats)
         predicted = seconds_per_token(work_from_runs(runs), table, {"large": large, "small": small})
         if predicted is None:
             continue

@@ -39,7 +39,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from docs_quantities import ModeFacts, quantity_of, run_modes, solved_of, speedups_of
+from docs_quantities import ModeFacts, percents_of, quantity_of, run_modes, solved_of, speedups_of
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data"
@@ -333,7 +333,7 @@ class Evidence:
         return cls(
             numbers=tuple(n for n, _ in every),
             ratios=tuple(n for n, mark in marked if mark in ("×", "x")),
-            percents=tuple(n for n, mark in every if mark == "%") + tuple(100 * n for n, _ in every if n <= 1),
+            percents=tuple(n for n, mark in marked if mark == "%") + tuple(100 * n for n, _ in marked if n <= 1),
             points=tuple(n for n, mark in every if mark == "pts"),
             fractions=frozenset((int(m["num"]), int(m["den"])) for m in FRACTION.finditer(text)),
             runs=runs,
@@ -346,6 +346,8 @@ class Evidence:
         quantity = quantity_of(block.text, figure.start, [list(run) for run in self.runs])
         if figure.unit == "/":
             return (int(figure.value), figure.den) in solved_of(self.runs, quantity)
+        if figure.unit == "%":
+            return any(rounds_to(n, figure.value, figure.decimals, (1.0,)) for n in percents_of(self.runs, quantity))
         return any(rounds_to(n, figure.value, figure.decimals, (1.0,)) for n in speedups_of(self.runs, quantity))
 
     def backs(self, figure: Figure, block: Block) -> bool:
@@ -355,7 +357,7 @@ class Evidence:
         if figure.unit in typed:
             if any(rounds_to(n, figure.value, figure.decimals, (1.0,)) for n in typed[figure.unit]):
                 return True
-            if figure.unit == "×" and self.of_runs(figure, block):
+            if figure.unit in ("×", "%") and self.of_runs(figure, block):
                 return True
         elif any(figure.matches(n) for n in self.numbers):
             return True

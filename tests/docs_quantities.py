@@ -1,33 +1,40 @@
-"""Which quantity a speed-up or a solved count in the docs names, and what a bench run says it is, for ``docs_data.py``.
+"""Which quantity a speed-up, a percentage or a solved count in the docs names, and what a bench run says it is, for
+``docs_data.py``.
 
 A bench run holds many speed-ups against ``large`` - per mode, per answer and per token, each as a total and as a
-median over problems, on the problems a mode shares with ``large``, and relay's ideal - and each mode's solved
-problems. A figure that any of them rounds to is not yet the quantity its text names (issue 44: "2.6×" passed
-against a run whose headline is 2.50×, as another mode's or another metric's value), so a speed-up figure (``2.50×``)
-or a solved count (``36/60``) in a block that names a bench run must be the value of:
+median over problems, on the problems a mode shares with ``large``, and relay's ideal - each mode's shares (accuracy,
+drafts accepted, small tokens rejected, the small model's share of the tokens) and its solved problems. A figure that
+any of them rounds to is not yet the quantity its text names (issue 44: "2.6×" passed against a run whose headline is
+2.50×, as another mode's or another metric's value), so a speed-up figure (``2.50×``), a percentage (``89 %``) or a
+solved count (``36/60``) in a block that names a bench run must be the value of:
 
 * **the mode its text names**: in a table row, the first cell before it that is a mode (```relay@generic```,
-  ``large-spec#bf16/int8 (the shipped default)``); in prose, the nearest mode its clause names before it, else after
-  it, else the nearest before it in the sentence, with the modes joined to that one by "and", "or" or a comma. A mode
-  is named in backticks, by the engine's arguments (```mode="large"`, `speculative=True```) or as a bare word
-  (``relay-spec is 1.92×``), except the words ``large``, ``small`` and ``default``, which prose uses as adjectives, and
-  a word qualified into another mode ("self-speculative relay", "verified relay"). A mention after "than", "of",
-  "against", "vs", "over", "as", "to", "beats" or a speed-up is the reference a speed-up is taken against (``faster
-  than `large```, ``1.92× `large```), not what it measures. A name stands for the mode of that name, and where the run
-  has none, for the modes that differ from it by a setting or weight format (```relay-spec``` for
-  ``relay-spec@32768``, ```large-spec``` for ``large-spec#int8``); after "→" (the block's change applied:
-  ``relay-spec 1.65× → 1.78×``) for those variants too. A verify rule in backticks stands for the modes verified by
-  it (```prob:0.2```). A bench mode the runs lack backs nothing of theirs (the figure may come from another file the
-  block names); where the text names no mode at all, any mode's value of the metric will do.
+  ``large-spec#bf16/int8 (the shipped default)``); in prose, the nearest mode its clause names before it, else after it
+  (not past the end of a parenthesis the figure stands in), else the nearest before it in the sentence, with the modes
+  joined to that one by "and", "or" or a comma. A mode is named in backticks, by the engine's arguments
+  (```mode="large"`, `speculative=True```) or as a bare word (``relay-spec is 1.92×``), except the words ``large``,
+  ``small`` and ``default``, which prose uses as adjectives, and a word qualified into another mode ("self-speculative
+  relay"; "verified relay" stands for every verified mode). A mention after "than", "of", "against", "vs", "over", "as",
+  "as under", "to", "beats", "like", "what" or a speed-up is the reference a figure is taken against (``faster than
+  `large```, ``1.92× `large```, ``like plain relay``, ``spends what `large-spec` spends``), not what it measures. A name
+  stands for the mode of that name, and where the run has none, for the modes that differ from it by a setting or weight
+  format (```relay-spec``` for ``relay-spec@32768``, ```large-spec``` for ``large-spec#int8``); after "→" (the block's
+  change applied: ``relay-spec 1.65× → 1.78×``) for those variants too. A verify rule in backticks stands for the modes
+  verified by it (```prob:0.2```). A bench mode the runs lack backs nothing of theirs (the figure may come from another
+  file the block names); where the text names no mode at all, any mode's value of the metric will do.
 * **the metric its text names** (speed-ups only): a table column's header, or in prose "per answer" / "per token"
   (or ``s/token``) in the sentence, else in the block; neither or both: either. A total is always a candidate, a median
   over problems only where the text says "median", relay's ideal speed-up only where it says "ideal" - in a table
   column, only what its header says.
+* **the share its text names** (percentages only): in a table column, its header's; in prose, the shares its sentence
+  names (accuracy: "accuracy", "solves", "correct"; drafts accepted: "accept", "kept"; small tokens rejected:
+  "reject", "threw away", "dropped"; the small model's share: "writes", "wrote", "share", "f"; prompt lookup's share:
+  "lookup", "copies"); a sentence that names none: any of them.
 
 Not covered: a figure that is not a speed-up against ``large`` of one run (a ratio between two runs or two modes,
-quoted with its operands or written by a ``relaygen bench --compare`` command) is left to ``docs_data``'s other rules;
-percentages (accuracy, shares, rejected tokens) are matched as before, against any number of the data; and "N of M" in
-prose is not a figure at all (it counts other things too: "differed on 8 of 8 problems").
+quoted with its operands or written by a ``relaygen bench --compare`` command) is left to ``docs_data``'s other rules,
+as is a percentage quoted as a quotient (``60-69 % of the time (81 of 135 ms)``); and "N of M" in prose is not a figure
+at all (it counts other things too: "differed on 8 of 8 problems").
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from relaygen_integrations.bench.summary import split_format
@@ -48,6 +55,21 @@ METRIC_KEYS: dict[str, tuple[str, ...]] = {
     "token": ("speedup_vs_large", "paired_speedup"),
     "token median": ("median_speedup_vs_large",),
     "ideal": ("ideal_speedup",),
+}
+# Where each share a percentage may be lives in a run's summary (as a fraction of 1), and the words that name it.
+SHARE_KEYS: dict[str, tuple[str, ...]] = {
+    "accuracy": ("accuracy",),
+    "accepted": ("acceptance_rate", "lookup_acceptance_rate"),
+    "rejected": ("rejected_share",),
+    "small share": ("small_share",),
+    "lookup share": ("lookup_share",),
+}
+SHARE_WORDS: dict[str, re.Pattern[str]] = {
+    "accuracy": re.compile(r"accura|\bsolve|correct", re.IGNORECASE),
+    "accepted": re.compile(r"accept|\bkept\b", re.IGNORECASE),
+    "rejected": re.compile(r"reject|\bthr(?:ew|own|ows) away|\bdropped", re.IGNORECASE),
+    "small share": re.compile(r"\bwr(?:ites|ote)\b|\bshare\b|\bf\b", re.IGNORECASE),
+    "lookup share": re.compile(r"lookup|\bcop(?:y|ies|ied)\b", re.IGNORECASE),
 }
 PER_ANSWER = re.compile(r"per answer", re.IGNORECASE)
 PER_TOKEN = re.compile(r"per[ -]token|s/token", re.IGNORECASE)
@@ -67,12 +89,14 @@ ENGINE_ARGUMENTS = re.compile(r'`mode="(?P<mode>[\w-]+)"`(?P<more>(?:,\s*`(?:spe
 # What a mention after these words names is the reference a speed-up is taken against: "faster than `large`",
 # "1.92× `large`"; unless a figure follows its possessive ("against relay's 1.24×").
 REFERENCE = re.compile(
-    r"(?:\b(?:than|of|against|vs\.?|over|as|to|beats?)\s+(?:(?:the|plain|bf16|int8|fp32)\s+)*|\d[×x]\**\s*)\**$"
+    r"(?:\b(?:than|of|against|vs\.?|over|as|to|beats?|like|what)\s+(?:(?:the|plain|bf16|int8|fp32|under)\s+)*"
+    r"|\d[×x]\**\s*)\**$"
 )
 POSSESSIVE_FIGURE = re.compile(r"'s\s+\**\d")
-# A bare mode name qualified so that it names another mode: "self-speculative relay" is relay-spec, "verified relay"
-# one of the relay+verify modes.
-QUALIFIED = re.compile(r"(?:self-speculative|(?<!un)verified)\s+$", re.IGNORECASE)
+# A bare mode name qualified so that it names another mode: "self-speculative relay" is relay-spec (or one of its
+# variants: no mode is taken for it), "verified relay" any verified mode (relay+verify, relay-spec+verify).
+QUALIFIED = re.compile(r"(?P<qualifier>self-speculative|(?<!un)verified)\s+$", re.IGNORECASE)
+VERIFIED = "+verify"  # the name a "verified relay" stands for: every mode with a verify rule
 JOINER = re.compile(r"\s*(?:,|,?\s*and|,?\s*or)\s*")
 CLAUSE_END = re.compile(r"[.;:!?](?=\s)|\n(?=\s*[*|-] )")
 SENTENCE_END = re.compile(r"(?<=[.;:!?])\s+(?=[A-Z(*`'\"])|\n(?=\s*[*|])")
@@ -80,10 +104,12 @@ SENTENCE_END = re.compile(r"(?<=[.;:!?])\s+(?=[A-Z(*`'\"])|\n(?=\s*[*|])")
 
 @dataclass(frozen=True)
 class ModeFacts:
-    """One mode of one run: its speed-ups against ``large`` by metric (a key of METRIC_KEYS), and solved/ran."""
+    """One mode of one run: its speed-ups against ``large`` by metric (a key of METRIC_KEYS), its shares in percent
+    (a key of SHARE_KEYS), and solved/ran."""
 
     speedups: Mapping[str, tuple[float, ...]]
     solved: tuple[int, int]
+    percents: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def run_modes(saved: Mapping[str, Any]) -> dict[str, ModeFacts]:
@@ -95,6 +121,7 @@ def run_modes(saved: Mapping[str, Any]) -> dict[str, ModeFacts]:
         mode: ModeFacts(
             {metric: tuple(entry[k] for k in keys if k in entry) for metric, keys in METRIC_KEYS.items()},
             (sum(correct.get(mode, [])), len(correct.get(mode, []))),
+            {share: tuple(100 * entry[k] for k in keys if k in entry) for share, keys in SHARE_KEYS.items()},
         )
         for mode, entry in saved["summary"].items()
     }
@@ -118,6 +145,8 @@ def modes_named(name: str, modes: Collection[str], *, variants: bool = False, in
     name = name.strip().lower() if in_code else name.lower()
     if not in_code and name in ADJECTIVES:
         return set()
+    if name == VERIFIED:
+        return {m for m in modes if VERIFIED in m}
     family = {m for m in modes if m.startswith((f"{name}@", f"{name}#"))}
     if name in modes:
         return {name} | (family if variants else set())
@@ -143,14 +172,20 @@ def mentions(text: str, runs: Iterable[Collection[str]]) -> list[Mention]:
     for m in MENTION.finditer(text):
         name, in_code = (m["code"], True) if m["code"] is not None else (m["word"], False)
         arguments = ENGINE_ARGUMENTS.match(text, m.start())
+        qualified = QUALIFIED.search(text[: m.start()]) if not in_code else None
+        start = qualified.start() if qualified else m.start()
         if arguments:
             name = engine_mode(arguments)
-        elif not in_code and (name.lower() in ADJECTIVES or QUALIFIED.search(text[: m.start()])):
+        elif qualified:
+            if name.lower() != "relay" or qualified["qualifier"].lower() != "verified":
+                continue
+            name = VERIFIED
+        elif not in_code and name.lower() in ADJECTIVES:
             continue
-        names_mode = bench_mode(name.lower()) in BENCH_MODES or (in_code and any(modes_named(name, r) for r in runs))
-        if names_mode:
-            reference = bool(REFERENCE.search(text[: m.start()])) and not POSSESSIVE_FIGURE.match(text, m.end())
-            found.append(Mention(m.start(), arguments.end() if arguments else m.end(), name, in_code, reference))
+        names_mode = bench_mode(name.lower()) in BENCH_MODES or name == VERIFIED
+        if names_mode or (in_code and any(modes_named(name, r) for r in runs)):
+            reference = bool(REFERENCE.search(text[:start])) and not POSSESSIVE_FIGURE.match(text, m.end())
+            found.append(Mention(start, arguments.end() if arguments else m.end(), name, in_code, reference))
     return found
 
 
@@ -165,12 +200,23 @@ def named_mentions(text: str, at: int, runs: list[Collection[str]]) -> list[Ment
     subjects = [m for m in mentions(text, runs) if not m.reference]
     clause, sentence = span_of(text, at, CLAUSE_END), span_of(text, at, SENTENCE_END)
     before = [m for m in subjects if clause[0] <= m.start and m.end <= at]
-    after = [m for m in subjects if at < m.start < clause[1]]
+    # After the figure, only within its own parenthesis: "(... 5 % rejected ...), `relay+verify@greedy` after 11".
+    after = [m for m in subjects if at < m.start < clause[1] and not leaves_parenthesis(text[at : m.start])]
     earlier = [m for m in subjects if sentence[0] <= m.start and m.end <= at]
     for pick in (before[-1:], after[:1], earlier[-1:]):
         if pick:
             return joined(text, subjects, pick[0])
     return []
+
+
+def leaves_parenthesis(between: str) -> bool:
+    """Whether text after a figure closes a parenthesis it did not open (the figure's own)."""
+    depth = 0
+    for char in between:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            return True
+    return False
 
 
 def joined(text: str, subjects: list[Mention], picked: Mention) -> list[Mention]:
@@ -190,10 +236,12 @@ def joined(text: str, subjects: list[Mention], picked: Mention) -> list[Mention]
 
 @dataclass(frozen=True)
 class Quantity:
-    """What a figure's text names: the modes (None: any) and, for a speed-up, the metrics it may be."""
+    """What a figure's text names: the modes (None: any) and, for a speed-up, the metrics it may be; for a percentage,
+    the shares."""
 
     modes: frozenset[str] | None
     metrics: frozenset[str]
+    shares: frozenset[str] = frozenset(SHARE_KEYS)
 
 
 def prose_metrics(sentence: str, block: str) -> frozenset[str]:
@@ -221,6 +269,11 @@ def header_metrics(header: str, cell: str) -> frozenset[str]:
     return frozenset(f"{b} median" if MEDIAN.search(header) else b for b in bases)
 
 
+def shares_named(text: str) -> frozenset[str]:
+    """The shares a percentage's sentence (or table header) names; all of them where it names none."""
+    return frozenset(share for share, words in SHARE_WORDS.items() if words.search(text)) or frozenset(SHARE_KEYS)
+
+
 def cell_name(cell: str) -> str:
     """A table cell as a mode name: ```large-spec#bf16/int8``` (**the shipped default**) -> large-spec#bf16/int8."""
     return re.sub(r"\s*\(.*\)\s*$", "", cell).replace("`", "").replace("*", "").strip()
@@ -235,24 +288,25 @@ def quantity_of(text: str, at: int, runs: list[Collection[str]]) -> Quantity:
         column = line[: at - line_start].count("|") - 1
         cells = line.strip().strip("|").split("|")
         header_cells = header.strip().strip("|").split("|")
-        metrics = header_metrics(header_cells[column] if column < len(header_cells) else "", cells[column])
+        header_cell = header_cells[column] if column < len(header_cells) else ""
+        metrics, shares = header_metrics(header_cell, cells[column]), shares_named(header_cell)
         for cell in cells[:column]:
             named = set().union(*(modes_named(cell_name(cell), modes) for modes in runs))
             if named:
-                return Quantity(frozenset(named), metrics)
+                return Quantity(frozenset(named), metrics, shares)
         cell_start = line_start + len(line) - len(line.lstrip()) + 1 + sum(len(c) + 1 for c in cells[:column])
         picked = named_mentions(text[cell_start : cell_start + len(cells[column])], at - cell_start, runs)
     else:
         sentence = text[slice(*span_of(text, at, SENTENCE_END))]
-        metrics = prose_metrics(sentence, text)
+        metrics, shares = prose_metrics(sentence, text), shares_named(sentence)
         picked = named_mentions(text, at, runs)
     if not picked:
-        return Quantity(None, metrics)
+        return Quantity(None, metrics, shares)
     named: set[str] = set()
     for mention in picked:
         variants = "→" in text[min(mention.end, at) : max(mention.start, at)]
         named.update(*(modes_named(mention.name, m, variants=variants, in_code=mention.in_code) for m in runs))
-    return Quantity(frozenset(named), metrics)
+    return Quantity(frozenset(named), metrics, shares)
 
 
 def speedups_of(runs: Iterable[Mapping[str, ModeFacts]], quantity: Quantity) -> list[float]:
@@ -264,6 +318,18 @@ def speedups_of(runs: Iterable[Mapping[str, ModeFacts]], quantity: Quantity) -> 
         if quantity.modes is None or mode in quantity.modes
         for metric in quantity.metrics
         for value in facts.speedups.get(metric, ())
+    ]
+
+
+def percents_of(runs: Iterable[Mapping[str, ModeFacts]], quantity: Quantity) -> list[float]:
+    """The runs' values, in percent, of a share quantity."""
+    return [
+        value
+        for run in runs
+        for mode, facts in run.items()
+        if quantity.modes is None or mode in quantity.modes
+        for share in quantity.shares
+        for value in facts.percents.get(share, ())
     ]
 
 

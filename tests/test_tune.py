@@ -18,7 +18,13 @@ from relaygen_integrations.tune.choose import choose
 from relaygen_integrations.tune.configuration import configuration_for, configure_pair
 from relaygen_integrations.tune.cost_model import seconds_per_token
 from relaygen_integrations.tune.costs import PassCostTable, interpolate
-from relaygen_integrations.tune.measure import ModelPassTimer, measure_pass_costs
+from relaygen_integrations.tune.measure import (
+    POSITIONS,
+    STEP_SAMPLES,
+    ModelPassTimer,
+    measure_pass_costs,
+    sizes_to_measure,
+)
 from relaygen_integrations.tune.profile import modes_from_results, profiled_modes
 from relaygen_integrations.tune.tuner import CPU_PLAN, cache_path, default_plan, tune_pair
 from relaygen_integrations.tune.work import reconstruct_passes, run_passes, work_from_runs
@@ -42,6 +48,9 @@ MACHINES = {
     # The EPYC this tuner was built on: bf16 passes grow 1.7x from 1 to 2 positions, so no draft pays for itself.
     "AVX2 EPYC (tuner)": (("tune-avx2-epyc/pass_cost.json",), "large#bf16"),
     "H200 (engine's compile=True)": (("gpu-h200/pass_cost.json",), "large#bf16+compile"),
+    # A Xeon with AVX-512 and neither AVX512-BF16 nor AMX: bf16 passes grow (315 ms for 1 position, 650 for 4), yet
+    # less than the AVX2 EPYC's, and drafts still pay (tune-check-avx512 measured the choice 1.2x faster than large).
+    "AVX-512 Xeon without bf16 instructions": (("tune-check-avx512/tune_table.json",), "large-spec#bf16/int8"),
 }
 
 
@@ -88,18 +97,29 @@ def test_the_choice_per_recorded_machine(machine: str) -> None:
                if p.candidate.backed)  # fmt: skip
 
 
-def test_where_a_recorded_run_exists_the_choice_is_its_fastest_backed_mode() -> None:
-    """The 60-problem run on the AVX512-BF16 EPYC: of its modes, the backed ones are large and large-spec#bf16/int8
-    (the int8 large model lost answers); the measured faster one is what the tuner picks on that machine's table."""
-    saved = json.loads((DATA / "relay-vs-spec-60" / "results.json").read_text())
+# recorded run -> (its machine's table, the problems every mode ran)
+RECORDED_RUNS = {
+    "relay-vs-spec-60": (AVX512_BF16, 20),  # the AVX512-BF16 EPYC
+    "tune-check-avx512": (("tune-check-avx512/tune_table.json",), 10),  # the Xeon with AVX-512, no bf16 instructions
+}
+
+
+@pytest.mark.parametrize("run", sorted(RECORDED_RUNS))
+def test_where_a_recorded_run_exists_the_choice_is_its_fastest_backed_mode(run: str) -> None:
+    """Of a recorded run's modes, the backed ones are large and large-spec#bf16/int8 (the int8 large model lost
+    answers, the GGUF's 4-bit one too many); the measured faster one is what the tuner picks on that machine's table
+    (``default`` is the candidate the run's engine was tuned to)."""
+    paths, problems = RECORDED_RUNS[run]
+    saved = json.loads((DATA / run / "results.json").read_text())
+    default = (saved.get("configurations") or {}).get("default", {}).get("candidate")
     seconds: dict[str, float] = defaultdict(float)
-    for run in saved["runs"]:
-        if run["problem"] < 20:  # the problems every mode ran
-            seconds[run["mode"]] += run["seconds"]
-    choice = choose(MODES, table_of(*AVX512_BF16))
+    for recorded in saved["runs"]:
+        if recorded["problem"] < problems:
+            mode = {"large": "large#bf16", "default": default}.get(recorded["mode"], recorded["mode"])
+            seconds[mode] += recorded["seconds"]
+    choice = choose(MODES, table_of(*paths))
     backed = {p.candidate.name for p in choice.ranked if p.candidate.backed}
-    measured_backed = {("large#bf16" if m == "large" else m): s for m, s in seconds.items()}
-    fastest = min((s, m) for m, s in measured_backed.items() if m in backed)[1]
+    fastest = min((s, m) for m, s in seconds.items() if m in backed)[1]
     assert fastest == choice.winner.candidate.name == "large-spec#bf16/int8"
 
 
@@ -138,6 +158,9 @@ class ScriptedTimer:
         self.passes += 1
         step = {"large": 0.3, "small": 0.06}[self.current[0]] * (0.5 if self.current[1] == "int8" else 1.0)
         return step * (1 + 0.05 * (positions - 1))
+
+    def switch_rows(self) -> int | None:
+        return None
 
     def close(self) -> None:
         pass
@@ -226,12 +249,40 @@ def test_the_budget_cuts_the_plan_and_the_cut_is_remembered(tmp_path: Path) -> N
         return seconds
 
     timer.time_pass = ticking  # type: ignore[method-assign]
-    table = measure_pass_costs(timer, [("large", "bf16"), ("small", "int8"), ("large", "fp32")], budget_seconds=2.0,
+    table = measure_pass_costs(timer, [("large", "bf16"), ("small", "int8"), ("large", "fp32")], budget_seconds=2.8,
                                clock=lambda: now[0])  # fmt: skip
     # large bf16 stops before 16 positions (expected to overrun), small int8 fits whole, fp32 gets only its warm-up
     assert sorted(table.costs["large"]["bf16"].seconds) == [1, 2, 4, 8]
     assert sorted(table.costs["small"]["int8"].seconds) == [1, 2, 4, 8, 16, 32]
-    assert not table.has("large", "fp32") and now[0] <= 2.0 + 0.3
+    assert not table.has("large", "fp32") and now[0] <= 2.8 + 0.3
+
+
+class SwitchingTimer(ScriptedTimer):
+    """A bf16 model whose passes of 24 rows or more run in fp32: a fixed conversion cost, then a flatter slope."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.widths: list[int] = []
+
+    def time_pass(self, positions: int) -> float:
+        self.passes += 1
+        self.widths.append(positions)
+        return 0.3 + 0.07 * (positions - 1) if positions < 24 else 3.6 + 0.01 * positions
+
+    def switch_rows(self) -> int | None:
+        return 24
+
+
+def test_a_kernel_switch_inside_the_sizes_is_measured_past_and_steps_are_timed_three_times() -> None:
+    assert sizes_to_measure(POSITIONS, None) == list(POSITIONS)
+    assert sizes_to_measure(POSITIONS, 24) == [*POSITIONS, 64]  # 32 and 64 past the switch
+    assert sizes_to_measure((1, 4), 24) == [1, 4, 24, 48]
+    timer = SwitchingTimer()
+    table = measure_pass_costs(timer, [("large", "bf16")], budget_seconds=60)
+    assert timer.widths.count(1) == 1 + STEP_SAMPLES and max(timer.widths) == 64  # warm-up + samples; 64 measured
+    costs = table.costs["large"]["bf16"]
+    # A 100-token prompt priced with the fp32 regime's own slope (32 -> 64), not the jump from 16 (bf16) to 32 (fp32).
+    assert costs.at(100) == pytest.approx(3.6 + 0.01 * 100)
 
 
 def test_an_explicit_setting_or_tune_off_never_measures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

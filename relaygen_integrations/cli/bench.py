@@ -34,7 +34,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--compile", action="store_true", help="compile the one-token decode steps (static cache)")
     parser.add_argument(
         "--draft-vocab", type=int, default=None, metavar="N",
-        help="speculative drafts score the N most frequent tokens only (+ special and prompt tokens); lossless",
+        help="speculative drafts score the N most frequent tokens only (+ special and prompt tokens); lossless in "
+        "exact arithmetic (in bf16/int8 texts can part at near-ties)",
     )  # fmt: skip
     # Hand-written, not built from GenerationSettings: a benchmark fixes only what every mode shares (budget,
     # temperature, the draft vocabulary), with defaults of its own; the other settings (speculation, verify, cues,

@@ -57,15 +57,17 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         type=int,
         metavar="K",
-        help="the small model drafts for the large model's tokens (lossless); optional maximum draft length K; 0 turns"
-        " it off (default: the pair's shipped choice)",
+        help="the small model drafts for the large model's tokens (lossless in exact arithmetic; in bf16/int8 a "
+        "multi-position verify pass rounds differently, so texts can part at near-ties); optional maximum draft "
+        "length K; 0 turns it off (default: the pair's shipped choice)",
     )
     parser.add_argument(
         "--draft-vocab",
         type=int,
         default=None,
         metavar="N",
-        help="with --speculative: drafts score only the N most frequent tokens (+ special, prompt tokens); same text",
+        help="with --speculative: drafts score only the N most frequent tokens (+ special, prompt tokens); lossless "
+        "in exact arithmetic, but in bf16/int8 other drafts split the verify passes differently, so texts can part",
     )
     parser.add_argument(
         "--verify",

@@ -118,9 +118,9 @@ class RelayEngine:
         prompt_lookup: bool = False,
     ) -> RelayEngine:
         """An engine over two loaded transformers models (the small one may be None: mode ``large`` only).
-        ``kv_cache="static"`` preallocates each model's KV cache; ``compile=True`` (static cache implied) compiles
-        the one-token decode step - CUDA graphs on a GPU (see ``engine/local/kv.py``). ``draft_vocab=N``: speculative
-        drafts score the N most frequent tokens (+ special and prompt tokens) only - lossless (``draft_head.py``)."""
+        ``kv_cache="static"`` preallocates each model's KV cache; ``compile=True`` (static cache implied) compiles the
+        one-token decode step (``local/kv.py``). ``draft_vocab=N``: drafts score the N most frequent tokens (+ special,
+        prompt) only (``draft_head.py``) - lossless in exact arithmetic; in bf16 texts can part at near-ties."""
         backend = LocalBackend(
             large, small, tokenizer, large_name=large_name, small_name=small_name, reuse_prefix=reuse_prefix,
             draft_confidence=draft_confidence, draft_vocab=draft_vocab, cache=cache_options(kv_cache, compile),

@@ -121,9 +121,9 @@ def models_response(name: str, extra: Mapping[str, Any] | None = None) -> dict[s
 
 
 # How often a thread running Python code must offer the GIL to one waiting for it: 0.5 ms, not CPython's 5 ms, so the
-# event loop answers while the preparing thread renders a long chat (measured with eight 20,000-message bodies at
-# once on 2 cores, tests/test_serve_guards.py::test_big_bodies_do_not_stall_the_event_loop: the slowest poll took
-# 92 ms at 5 ms, 68 ms at 1 ms, under 50 ms in 4 of 4 runs at 0.5 ms). No cost while the loop sleeps: a thread
+# event loop answers while the preparing thread renders a long chat (measured once, by hand, with eight
+# 20,000-message bodies at once on 2 cores: the slowest poll took 92 ms at 5 ms, 68 ms at 1 ms, under 50 ms in 4 of 4
+# runs at 0.5 ms; not kept as a test bound, which a shared machine cannot hold). No cost while the loop sleeps: a thread
 # is only asked to switch when another waits for the GIL.
 SERVER_SWITCH_INTERVAL_S = 0.0005
 

@@ -8,7 +8,18 @@ costs ~50 s on an AVX2-only CPU (``pass-cost-avx2.json``: 6.1 s for 32 positions
 
 Budget (``DEFAULT_BUDGET_SECONDS``, the loading of each format included): formats are measured in priority order
 (the shipped default's first), each size once, then again while time is left (the median of what was measured is
-kept). A size whose pass would overrun the budget is not run: the table then ends at the last measured size and
+kept). The one-token step is timed ``STEP_SAMPLES`` times whatever the format: every generated token pays it, and one
+sample of the 1.5B model in bf16 read 315 ms where the run that followed paid 271 ms a step
+(``benchmarks/data/tune-check-avx512``).
+
+Where a format switches kernels inside the sizes (``PassTimer.switch_rows``: a bf16 model on a CPU without bf16
+instructions runs passes of ``wide_passes.WIDE_FROM_ROWS`` rows or more in fp32), the sizes go on doubling until two
+lie past the switch, so the slope ``costs.interpolate`` extrapolates prompts and catch-ups with is the fp32 regime's.
+Without it, the slope from 16 positions (bf16) to 32 (fp32, weights converted per pass) was extrapolated: on the
+2-core Xeon with AVX-512 and no AVX512-BF16, 1.36 s to 3.94 s, which priced a 100-token prompt at 14.9 s where the
+run paid 3.7-4.6 s (``benchmarks/data/tune-check-avx512``).
+
+A size whose pass would overrun the budget is not run: the table then ends at the last measured size and
 ``costs.interpolate`` extrapolates (passes grow about linearly there). A format that cannot start before the budget
 is spent, or that fails to load, is left out, and the candidates that need it are reported as unpriced.
 
@@ -33,6 +44,7 @@ from .costs import PassCostTable
 POSITIONS = (1, 2, 4, 8, 16, 32)
 CONTEXT = 256
 DEFAULT_BUDGET_SECONDS = 60.0
+STEP_SAMPLES = 3  # one-token steps timed per format (module docstring)
 # Repeat a format's sweep (median of up to 3) only when one sweep costs less than this share of the budget: on the
 # AVX2 EPYC a bf16 sweep of the 1.5B model takes 14 s and an int8 sweep of the 0.5B one 0.8 s.
 REPEAT_BELOW_SHARE = 0.05
@@ -47,7 +59,28 @@ class PassTimer(Protocol):
 
     def time_pass(self, positions: int) -> float: ...
 
+    def switch_rows(self) -> int | None:
+        """The pass width from which the loaded format computes another way (module docstring), or None."""
+        ...
+
     def close(self) -> None: ...
+
+
+def sizes_to_measure(positions: Sequence[int], switch_rows: int | None) -> list[int]:
+    """``positions``, doubled on past the largest until two sizes lie at or past ``switch_rows`` (when there is one)."""
+    sizes = sorted(positions)
+    while switch_rows is not None and sum(k >= switch_rows for k in sizes) < 2:
+        sizes.append(max(sizes[-1] * 2, switch_rows))
+    return sizes
+
+
+def expected_seconds(samples: dict[int, list[float]], positions: int) -> float:
+    """What a pass over ``positions`` should cost, for the budget check: its own last sample, else the nearest smaller
+    size's scaled by width (a pass at most grows as its positions), else nothing known (0)."""
+    if positions in samples:
+        return samples[positions][-1]
+    smaller = [k for k in samples if k < positions]
+    return samples[max(smaller)][-1] * positions / max(smaller) if smaller else 0.0
 
 
 def measure_pass_costs(
@@ -74,17 +107,18 @@ def measure_pass_costs(
             timer.close()
             continue
         try:
+            sizes = sizes_to_measure(positions, timer.switch_rows())
             samples: dict[int, list[float]] = {}
             timer.time_pass(1)  # warm-up: the first call packs weights and picks kernels
             repeat = 0
             while True:
                 grew = False
-                for k in positions:
-                    last = samples.get(k // 2 or 1) or samples.get(k)
-                    expected = (last[-1] * 2 if k > 1 else last[-1]) if last else 0.0
+                for k in sizes:
+                    expected = expected_seconds(samples, k)
                     if clock() + expected >= deadline:
                         break
-                    samples.setdefault(k, []).append(timer.time_pass(k))
+                    times = STEP_SAMPLES if k == 1 and repeat == 0 else 1
+                    samples.setdefault(k, []).extend(timer.time_pass(k) for _ in range(times))
                     grew = True
                     if on_progress is not None:
                         on_progress(f"{role} {fmt} k={k}")
@@ -145,3 +179,6 @@ class ModelPassTimer:
     def close(self) -> None:
         self.model = self.cache = None
         gc.collect()
+
+    def switch_rows(self) -> int | None:
+        return None if self.model is None else wide_pass_rows(self.model)

@@ -19,7 +19,9 @@ from .spans import Mode
 from .verify import VerifyRule, VerifySetting, parse_verify
 
 MAX_DRAFT_LIMIT = 64
-DEFAULT_MAX_DRAFT = 6  # self-speculation's draft length for ``speculative=True`` (tuned: docs/benchmarks.md)
+# Self-speculation's maximum draft length for ``speculative=True``: a guess from short exploratory runs that are not
+# kept (no kept evidence; docs/benchmarks.md says so), like ``DEFAULT_DRAFT_CONFIDENCE`` in ``local/speculative.py``.
+DEFAULT_MAX_DRAFT = 6
 # The other names callers use for a setting: OpenAI's and LangChain's ``max_tokens``, LangChain's ``stop_sequences``.
 ALIASES = {"max_tokens": "max_new_tokens", "stop_sequences": "stop"}
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
