@@ -31,6 +31,9 @@ MACHINES = {
     "AMD EPYC, AVX2 only (pass-cost-avx2.json)": "pass-cost-avx2.json",
     "AMD EPYC, AVX2 only (tune-avx2-epyc)": "tune-avx2-epyc/pass_cost.json",
     "Intel Xeon, AVX-512 without AVX512-BF16 or AMX (first use)": "tune-check-avx512/tune_table.json",
+    "Intel Xeon, AVX-512 without AVX512-BF16 or AMX, AVX2 paths forced (first use)": (
+        "tune-check-avx2-forced-avx512/tune_table.json"
+    ),
     "NVIDIA H200, random weights (engine compile=True)": "gpu-h200/pass_cost.json",
 }
 # recorded runs -> the table of the machine (class) they ran on
@@ -42,6 +45,7 @@ RUNS = {
     "int8-n5": "pass-cost-avx2.json",
     "verify-bf16": "pass-cost-avx2.json",
     "tune-check-avx512": "tune-check-avx512/tune_table_v2.json",  # remeasured: steps median of 3, 64 positions
+    "tune-check-avx2-forced-avx512": "tune-check-avx2-forced-avx512/tune_table.json",
 }
 
 

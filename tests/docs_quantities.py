@@ -309,28 +309,29 @@ def quantity_of(text: str, at: int, runs: list[Collection[str]]) -> Quantity:
     return Quantity(frozenset(named), metrics, shares)
 
 
-def speedups_of(runs: Iterable[Mapping[str, ModeFacts]], quantity: Quantity) -> list[float]:
-    """The runs' values of a speed-up quantity."""
+def named_values(
+    runs: Iterable[Mapping[str, ModeFacts]], quantity: Quantity, by: str, keys: Iterable[str]
+) -> list[float]:
+    """The values the runs' named modes hold under ``keys`` of their ``by`` table (``speedups`` or ``percents``)."""
+    wanted = list(keys)
     return [
         value
         for run in runs
         for mode, facts in run.items()
         if quantity.modes is None or mode in quantity.modes
-        for metric in quantity.metrics
-        for value in facts.speedups.get(metric, ())
+        for key in wanted
+        for value in getattr(facts, by).get(key, ())
     ]
+
+
+def speedups_of(runs: Iterable[Mapping[str, ModeFacts]], quantity: Quantity) -> list[float]:
+    """The runs' values of a speed-up quantity."""
+    return named_values(runs, quantity, "speedups", quantity.metrics)
 
 
 def percents_of(runs: Iterable[Mapping[str, ModeFacts]], quantity: Quantity) -> list[float]:
     """The runs' values, in percent, of a share quantity."""
-    return [
-        value
-        for run in runs
-        for mode, facts in run.items()
-        if quantity.modes is None or mode in quantity.modes
-        for share in quantity.shares
-        for value in facts.percents.get(share, ())
-    ]
+    return named_values(runs, quantity, "percents", quantity.shares)
 
 
 def solved_of(runs: Iterable[Mapping[str, ModeFacts]], quantity: Quantity) -> set[tuple[int, int]]:

@@ -101,6 +101,7 @@ def test_the_choice_per_recorded_machine(machine: str) -> None:
 RECORDED_RUNS = {
     "relay-vs-spec-60": (AVX512_BF16, 20),  # the AVX512-BF16 EPYC
     "tune-check-avx512": (("tune-check-avx512/tune_table.json",), 10),  # the Xeon with AVX-512, no bf16 instructions
+    "tune-check-avx2-forced-avx512": (("tune-check-avx2-forced-avx512/tune_table.json",), 10),  # same, AVX2 forced
 }
 
 

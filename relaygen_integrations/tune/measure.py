@@ -9,15 +9,15 @@ costs ~50 s on an AVX2-only CPU (``pass-cost-avx2.json``: 6.1 s for 32 positions
 Budget (``DEFAULT_BUDGET_SECONDS``, the loading of each format included): formats are measured in priority order
 (the shipped default's first), each size once, then again while time is left (the median of what was measured is
 kept). The one-token step is timed ``STEP_SAMPLES`` times whatever the format: every generated token pays it, and one
-sample of the 1.5B model in bf16 read 315 ms where the run that followed paid 271 ms a step
-(``benchmarks/data/tune-check-avx512``).
+sample of the 1.5B model in bf16 read 315 ms, where the run that followed paid 307 ms a step on the whole and 269-412
+by problem (``benchmarks/data/tune-check-avx512``): a step varies by itself, and one sample is a draw from that.
 
 Where a format switches kernels inside the sizes (``PassTimer.switch_rows``: a bf16 model on a CPU without bf16
 instructions runs passes of ``wide_passes.WIDE_FROM_ROWS`` rows or more in fp32), the sizes go on doubling until two
 lie past the switch, so the slope ``costs.interpolate`` extrapolates prompts and catch-ups with is the fp32 regime's.
 Without it, the slope from 16 positions (bf16) to 32 (fp32, weights converted per pass) was extrapolated: on the
 2-core Xeon with AVX-512 and no AVX512-BF16, 1.36 s to 3.94 s, which priced a 100-token prompt at 14.9 s where the
-run paid 3.7-4.6 s (``benchmarks/data/tune-check-avx512``).
+run paid 3.7 and 4.6 s; measured to 64 positions (3.30 s, 4.16 s), 5.1 s (``benchmarks/data/tune-check-avx512``).
 
 A size whose pass would overrun the budget is not run: the table then ends at the last measured size and
 ``costs.interpolate`` extrapolates (passes grow about linearly there). A format that cannot start before the budget
