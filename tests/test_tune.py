@@ -26,7 +26,7 @@ from relaygen_integrations.tune.measure import (
     sizes_to_measure,
 )
 from relaygen_integrations.tune.profile import modes_from_results, profiled_modes
-from relaygen_integrations.tune.tuner import CPU_PLAN, cache_path, default_plan, tune_pair
+from relaygen_integrations.tune.tuner import CPU_PLAN, MEASURE_METHOD, cache_path, default_plan, tune_pair
 from relaygen_integrations.tune.work import reconstruct_passes, run_passes, work_from_runs
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
@@ -182,6 +182,19 @@ def test_first_use_measures_once_and_is_cached(tmp_path: Path, monkeypatch: pyte
     assert not third.cached and timer.passes == 2 * measured
 
 
+def test_a_table_measured_the_old_way_is_measured_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAYGEN_HOME", str(tmp_path))
+    timer = ScriptedTimer()
+    first = tune_pair("demo", PROFILE, torch.device("cpu"), timer=timer, home=tmp_path, show_progress=False)
+    saved = json.loads(first.path.read_text(encoding="utf-8"))
+    del saved["machine"]["method"]  # as tables were cached before MEASURE_METHOD (one step sample, sizes to 32)
+    first.path.write_text(json.dumps(saved), encoding="utf-8")
+    measured = timer.passes
+    again = tune_pair("demo", PROFILE, torch.device("cpu"), timer=timer, home=tmp_path, show_progress=False)
+    assert not again.cached and timer.passes == 2 * measured
+    assert tune_pair("demo", PROFILE, torch.device("cpu"), timer=timer, home=tmp_path, show_progress=False).cached
+
+
 def test_a_format_that_fails_to_load_is_left_out_and_the_rest_measured() -> None:
     class Failing(ScriptedTimer):
         def load(self, role: str, fmt: str) -> None:
@@ -302,7 +315,7 @@ def test_tuning_picks_the_winner_as_the_engine_configuration(tmp_path: Path, mon
     monkeypatch.setenv("RELAYGEN_TUNE", "on")
     monkeypatch.setenv("RELAYGEN_HOME", str(tmp_path))
     machine_table = table_of("tune-avx2-epyc/pass_cost.json")
-    machine_table.machine = {"plan": ["large:bf16", "small:int8", "small:bf16", "large:fp32"]}
+    machine_table.machine = {"plan": ["large:bf16", "small:int8", "small:bf16", "large:fp32"], "method": MEASURE_METHOD}
     from relaygen_integrations.tune.machine import this_machine
 
     machine_table.save(cache_path("demo", this_machine("cpu"), tmp_path))

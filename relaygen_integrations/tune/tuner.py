@@ -52,6 +52,10 @@ CPU_PLAN: tuple[tuple[str, str], ...] = (
     ("large", "fp32"),
 )
 CUDA_PLAN: tuple[tuple[str, str], ...] = (("large", "bf16"), ("small", "bf16"))
+# How a cached table was measured (``measure.py``): 2 = one-token steps the median of 3, sizes past a kernel switch.
+# A table measured otherwise is measured again at the next first use (the old one priced prompts several times over
+# on CPUs without bf16 instructions: ``benchmarks/data/tune-check-avx512``).
+MEASURE_METHOD = 2
 GGUF_FORMAT = "gguf"
 
 
@@ -87,11 +91,14 @@ def cache_path(pair: str, machine: MachineIdentity, home: Path | None = None) ->
 
 
 def load_cached(path: Path, plan: Sequence[tuple[str, str]]) -> PassCostTable | None:
-    """The cached table when it covers every (role, format) of ``plan``: measured, or tried when it was measured (a
-    format the budget left out stays out, rather than making every later start measure again); else None."""
+    """The cached table when it was measured as ``measure.py`` measures now (``MEASURE_METHOD``) and covers every
+    (role, format) of ``plan``: measured, or tried when it was measured (a format the budget left out stays out,
+    rather than making every later start measure again); else None."""
     try:
         table = PassCostTable.from_json(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if table.machine.get("method") != MEASURE_METHOD:
         return None
     tried = set(table.machine.get("plan", []))
     return table if all(table.has(role, fmt) or f"{role}:{fmt}" in tried for role, fmt in plan) else None
@@ -167,7 +174,7 @@ def tune_pair(
     if table is None:
         timer = timer or ModelPassTimer(pair_model_loader(pair, device))
         table = measure_with_progress(timer, plan, budget, show_progress)
-        table.machine = machine.to_json() | {"plan": [f"{role}:{fmt}" for role, fmt in plan]}
+        table.machine = machine.to_json() | {"plan": [f"{role}:{fmt}" for role, fmt in plan], "method": MEASURE_METHOD}
         path.parent.mkdir(parents=True, exist_ok=True)
         table.save(path)
     return Tuned(choose(modes, table), table, machine, cached, path)
