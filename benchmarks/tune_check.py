@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from relaygen_integrations.tune.candidates import split_mode
+from relaygen_integrations.bench.predicted import mode_formats
 from relaygen_integrations.tune.choose import choose
 from relaygen_integrations.tune.cost_model import seconds_per_token
 from relaygen_integrations.tune.costs import PassCostTable
@@ -60,10 +60,9 @@ def predicted_against_measured(results: Path, table: PassCostTable) -> list[tupl
     for run in saved["runs"]:
         by_mode[run["mode"]].append(run)
     rows = []
-    # ``default`` ran the engine's tuned configuration: priced as the candidate it was tuned to, not as bench formats
-    default = (saved.get("configurations") or {}).get("default", {}).get("candidate", "default")
+    configurations = saved.get("configurations") or {}
     for mode, runs in by_mode.items():
-        _, large, small = split_mode(default if mode == "default" else mode, run_formats)
+        large, small = mode_formats(mode, run_formats, configurations)
         predicted = seconds_per_token(work_from_runs(runs), table, {"large": large, "small": small})
         if predicted is None:
             continue

@@ -19,6 +19,7 @@ from relaygen_integrations.tune.configuration import configuration_for, configur
 from relaygen_integrations.tune.cost_model import seconds_per_token
 from relaygen_integrations.tune.costs import PassCostTable, interpolate
 from relaygen_integrations.tune.measure import (
+    MEASURE_METHOD,
     POSITIONS,
     STEP_SAMPLES,
     ModelPassTimer,
@@ -26,7 +27,7 @@ from relaygen_integrations.tune.measure import (
     sizes_to_measure,
 )
 from relaygen_integrations.tune.profile import modes_from_results, profiled_modes
-from relaygen_integrations.tune.tuner import CPU_PLAN, MEASURE_METHOD, cache_path, default_plan, tune_pair
+from relaygen_integrations.tune.tuner import CPU_PLAN, cache_path, default_plan, tune_pair
 from relaygen_integrations.tune.work import reconstruct_passes, run_passes, work_from_runs
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"

@@ -68,6 +68,13 @@ def auto_modes(large: str, small: str) -> list[str]:
     return ["large", *[m for m in picked if m.split("#")[0] != "large" or m.split("#")[1] != "bf16"]]
 
 
+def mode_formats(mode: str, run_formats: str, configurations: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
+    """The (large, small) formats a bench mode ran in: its own (``#...``), else its engine configuration's
+    (``default``: whatever the bench's ``--dtype``), else the run's."""
+    _, large, small = split_mode(mode, str(configurations.get(mode, {}).get("dtype", run_formats)))
+    return large, small
+
+
 def predicted_rows(
     runs: Sequence[Run],
     modes: Sequence[str],
@@ -83,8 +90,7 @@ def predicted_rows(
         tokens = sum(r.completion_tokens for r in mode_runs)
         if not mode_runs or not tokens:
             continue
-        formats = str(configurations.get(mode, {}).get("dtype", run_formats))
-        _, large, small = split_mode(mode if "#" in mode else f"{mode}#{formats}")
+        large, small = mode_formats(mode, run_formats, configurations)
         if configurations.get(mode, {}).get("compile"):
             large, small = f"{large}+compile", f"{small}+compile"
         work = work_from_runs([{"passes": r.passes, "completion_tokens": r.completion_tokens} for r in mode_runs])

@@ -45,6 +45,10 @@ POSITIONS = (1, 2, 4, 8, 16, 32)
 CONTEXT = 256
 DEFAULT_BUDGET_SECONDS = 60.0
 STEP_SAMPLES = 3  # one-token steps timed per format (module docstring)
+# This way of measuring, recorded on every cached table: 2 = steps the median of ``STEP_SAMPLES``, sizes past a kernel
+# switch. ``tuner.load_cached`` measures a table recorded otherwise again (method 1 priced prompts several times over
+# on CPUs without bf16 instructions: ``benchmarks/data/tune-check-avx512``).
+MEASURE_METHOD = 2
 # Repeat a format's sweep (median of up to 3) only when one sweep costs less than this share of the budget: on the
 # AVX2 EPYC a bf16 sweep of the 1.5B model takes 14 s and an int8 sweep of the 0.5B one 0.8 s.
 REPEAT_BELOW_SHARE = 0.05

@@ -27,7 +27,7 @@ from ..registry.cache import relaygen_home
 from .choose import Choice, choose
 from .costs import PassCostTable
 from .machine import MachineIdentity, this_machine
-from .measure import DEFAULT_BUDGET_SECONDS, ModelPassTimer, PassTimer, measure_pass_costs
+from .measure import DEFAULT_BUDGET_SECONDS, MEASURE_METHOD, ModelPassTimer, PassTimer, measure_pass_costs
 from .profile import profiled_modes
 
 TUNE_ENV = "RELAYGEN_TUNE"
@@ -52,10 +52,6 @@ CPU_PLAN: tuple[tuple[str, str], ...] = (
     ("large", "fp32"),
 )
 CUDA_PLAN: tuple[tuple[str, str], ...] = (("large", "bf16"), ("small", "bf16"))
-# How a cached table was measured (``measure.py``): 2 = one-token steps the median of 3, sizes past a kernel switch.
-# A table measured otherwise is measured again at the next first use (the old one priced prompts several times over
-# on CPUs without bf16 instructions: ``benchmarks/data/tune-check-avx512``).
-MEASURE_METHOD = 2
 GGUF_FORMAT = "gguf"
 
 
