@@ -19,6 +19,10 @@ def split_of(engine: RelayEngine, messages=MESSAGES, **settings):
     large = sum(v for k, v in usage.time_split.items() if k.startswith("large."))
     small = sum(v for k, v in usage.time_split.items() if k.startswith("small."))
     assert large == pytest.approx(usage.large_forward_seconds) and small == pytest.approx(usage.small_forward_seconds)
+    # The same seconds by pass size, one entry for each size a pass read (what tune/observed.py learns from).
+    for role, spent in (("large", usage.large_forward_seconds), ("small", usage.small_forward_seconds)):
+        assert set(usage.pass_seconds.get(role, {})) == set(usage.passes.get(role, {}))
+        assert sum(usage.pass_seconds.get(role, {}).values()) == pytest.approx(spent)
     return result, {k for k, v in usage.time_split.items() if v > 0}
 
 

@@ -3,6 +3,9 @@
 A run on a machine the tuner has measured (``relaygen tune``: ``$RELAYGEN_HOME/tune/``) keeps that machine's pass
 costs in its ``results.json`` (``pass_costs``), so its report - rerendered anywhere - prices each mode's own work
 (``tune/work.py``: its passes per token, recorded by every run) with them: a check of the cost model on every run.
+Each mode is priced twice: with the table as measured, and with the table corrected (``tune/observed.py``) by what
+the run's *other* modes paid for their passes - the same host at the same hours, since a run interleaves its modes -
+which checks the cost model's work and overhead apart from how far the host has moved since the table was measured.
 ``--modes auto`` runs ``large`` and the tuner's fastest accuracy-backed candidates on this machine.
 """
 
@@ -19,6 +22,7 @@ from ..engine.core.pairs import known_pair
 from ..tune.candidates import split_mode
 from ..tune.cost_model import seconds_per_token
 from ..tune.costs import PassCostTable
+from ..tune.observed import ObservedCosts, corrected_table
 from ..tune.work import work_from_runs
 from .summary import Run
 
@@ -82,24 +86,35 @@ def predicted_rows(
     run_formats: str,
     configurations: Mapping[str, Mapping[str, Any]],
 ) -> dict[str, dict[str, float]]:
-    """Per mode: its runs' work priced with ``pass_costs`` against its measured seconds per token."""
+    """Per mode: its runs' work priced with ``pass_costs`` against its measured seconds per token; where the other
+    modes recorded their passes' seconds, also priced with the table those correct (module docstring)."""
     table = PassCostTable.from_json(pass_costs)
     rows: dict[str, dict[str, float]] = {}
+
+    def formats_of(mode: str) -> dict[str, str]:
+        large, small = mode_formats(mode, run_formats, configurations)
+        compiled = "+compile" if configurations.get(mode, {}).get("compile") else ""
+        return {"large": large + compiled, "small": small + compiled}
+
     for mode in modes:
         mode_runs = [r for r in runs if r.mode == mode and r.passes]
         tokens = sum(r.completion_tokens for r in mode_runs)
         if not mode_runs or not tokens:
             continue
-        large, small = mode_formats(mode, run_formats, configurations)
-        if configurations.get(mode, {}).get("compile"):
-            large, small = f"{large}+compile", f"{small}+compile"
         work = work_from_runs([{"passes": r.passes, "completion_tokens": r.completion_tokens} for r in mode_runs])
-        predicted = seconds_per_token(work, table, {"large": large, "small": small})
+        predicted = seconds_per_token(work, table, formats_of(mode))
         if predicted is None:
             continue
         measured = sum(r.seconds for r in mode_runs) / tokens
         rows[mode] = {"predicted_s_per_token": predicted, "measured_s_per_token": measured,
                       "ratio": predicted / measured}  # fmt: skip
+        others = ObservedCosts()
+        for run in runs:
+            if run.mode != mode and run.mode in modes and run.pass_seconds:
+                others.add(formats_of(run.mode), run.passes, run.pass_seconds)
+        corrected = seconds_per_token(work, corrected_table(table, others), formats_of(mode)) if others.cells else None
+        if corrected is not None:
+            rows[mode] |= {"corrected_s_per_token": corrected, "corrected_ratio": corrected / measured}
     return rows
 
 
@@ -112,14 +127,18 @@ def render_predicted(report: Mapping[str, Any]) -> list[str]:
         "## Predicted against measured (the tuner's cost model)",
         "",
         "Each mode's own work (its forward passes by size, per token) priced with this machine's pass costs "
-        "(`relaygen tune`), against its measured seconds per token.",
+        "(`relaygen tune`), against its measured seconds per token; then with those costs corrected by what the "
+        "run's other modes paid for their passes (`tune/observed.py`: the host's level during the run).",
         "",
-        "| mode | predicted ms/token | measured ms/token | predicted / measured |",
-        "|---|---|---|---|",
+        "| mode | predicted ms/token | measured ms/token | predicted / measured | corrected ms/token | "
+        "corrected / measured |",
+        "|---|---|---|---|---|---|",
     ]
     for mode, row in rows.items():
+        corrected = (f"{row['corrected_s_per_token'] * 1000:.1f} | {row['corrected_ratio']:.2f}"
+                     if "corrected_s_per_token" in row else "- | -")  # fmt: skip
         lines.append(f"| {mode} | {row['predicted_s_per_token'] * 1000:.1f} | "
-                     f"{row['measured_s_per_token'] * 1000:.1f} | {row['ratio']:.2f} |")  # fmt: skip
+                     f"{row['measured_s_per_token'] * 1000:.1f} | {row['ratio']:.2f} | {corrected} |")  # fmt: skip
     configurations = report.get("configurations") or {}
     if "default" in configurations:
         lines += ["", f"`default` ran the engine's own configuration: `{json.dumps(configurations['default'])}`."]

@@ -108,6 +108,9 @@ def make_modes(engine: RelayEngine, config: BenchConfig) -> dict[str, ModeFn]:
                 "small_forward_seconds": usage.small_forward_seconds,
                 "time_split": usage.time_split,
                 "passes": {role: {str(k): n for k, n in by_k.items()} for role, by_k in usage.passes.items()},
+                "pass_seconds": {
+                    role: {str(k): round(t, 6) for k, t in by_k.items()} for role, by_k in usage.pass_seconds.items()
+                },
                 "prompt_tokens": usage.prompt_tokens,
                 "spans": [s.to_dict() for s in result.spans],
             }

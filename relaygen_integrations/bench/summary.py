@@ -78,6 +78,9 @@ class Run:
     # what ``relaygen tune`` prices with a machine's pass costs. Empty / 0 in results saved before they existed.
     passes: dict[str, dict[str, int]] = field(default_factory=dict)
     prompt_tokens: int = 0
+    # The seconds those passes took, by model and positions read (``Usage.pass_seconds``; empty before it existed):
+    # what the machine charged for each size of pass during the run.
+    pass_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def summarize(runs: list[Run], modes: list[str]) -> dict[str, dict[str, Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,23 @@ def explain(choice: Any, measured: dict[str, float], console: Console) -> None:
     console.print(f"[bold]winner[/]: {choice.winner.candidate.name} - {choice.reason}")
 
 
+def explain_observed(table: Any, observed: Any, console: Console) -> None:
+    """What an engine's passes cost here against the measured table, by bucket of sizes (``tune/observed.py``)."""
+    from ..tune.observed import MIN_PASSES, bucket_ratios
+
+    for role, by_fmt in observed.cells.items():
+        for fmt, cells in by_fmt.items():
+            measured = table.get(role, fmt)
+            if measured is None:
+                continue
+            ratios = ", ".join(
+                f"{'past the table' if math.isinf(r.upto) else f'<= {r.upto:.0f}'}: x{r.ratio:.2f} ({r.passes:.0f})"
+                + ("" if r.passes >= MIN_PASSES else " too few")
+                for r in bucket_ratios(measured, cells)
+            )
+            console.print(f"  observed {role}:{fmt} against measured, by pass size (passes): {ratios}")
+
+
 def run_tune(args: argparse.Namespace) -> int:
     import torch
 
@@ -115,6 +133,7 @@ def run_tune(args: argparse.Namespace) -> int:
     from ..tune.choose import choose
     from ..tune.configuration import configuration_for
     from ..tune.costs import PassCostTable
+    from ..tune.observed import corrected_table, read_observed
     from ..tune.profile import profiled_modes
     from ..tune.tuner import tune_pair
 
@@ -126,8 +145,8 @@ def run_tune(args: argparse.Namespace) -> int:
         raise SystemExit("--reference only applies with --profile-from")
     profile = json.loads(_profile_path(args).read_text(encoding="utf-8"))
     if args.costs is not None:
-        table = PassCostTable.load(args.costs)
-        choice = choose(profiled_modes(profile), table)
+        table, observed = PassCostTable.load(args.costs), read_observed(args.costs)
+        choice = choose(profiled_modes(profile), corrected_table(table, observed))
         console.print(f"pass costs recorded on: {table.machine.get('cpu', table.machine.get('processor', '?'))} "
                       f"{table.machine.get('cpu_flags', table.machine.get('flags', ''))}")  # fmt: skip
         machine_key = "recorded"
@@ -137,12 +156,13 @@ def run_tune(args: argparse.Namespace) -> int:
             plan = [tuple(item.split(":", 1)) for item in args.formats.split(",")]
         device: torch.device = pick_device("auto")
         tuned = tune_pair(args.pair, profile, device, refresh=args.refresh, plan=plan, budget=args.budget)
-        choice, machine_key = tuned.choice, tuned.machine.key()
+        choice, machine_key, table, observed = tuned.choice, tuned.machine.key(), tuned.table, tuned.observed
         state = "cached" if tuned.cached else "measured"
         console.print(f"{tuned.machine.describe()}\npass costs {state}: {tuned.path}")
     winner = choice.winner
     configuration = configuration_for(winner.candidate, winner.speedup, machine_key)
     if args.explain:
         explain(choice, _measured_per_token(args.measured), console)
+        explain_observed(table, observed, console)
     console.print_json(json.dumps(configuration.describe()))
     return 0

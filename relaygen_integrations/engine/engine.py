@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import inspect
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -35,7 +35,7 @@ from .core.settings import (
     merge_settings,
     shown,
 )
-from .core.spans import FinalEvent, Mode, RelayResult, StreamEvent
+from .core.spans import FinalEvent, Mode, RelayResult, StreamEvent, Usage
 from .core.transcript import Transcript
 from .core.verify import VerifyRule, parse_verify_default
 from .core.worker_stream import stream_on_worker
@@ -74,6 +74,7 @@ class RelayEngine:
         self.backend = backend
         self.tokenizer = tokenizer
         self.configuration: PairConfiguration | None = None  # where the defaults came from (from_pretrained)
+        self.on_usage: Callable[[Usage], None] | None = None  # told each finished generation's usage (tune/observed)
         self.pair_name = pair_name
         self.cues = cues if isinstance(cues, CueSet) else resolve_cues(cues, pair_name)
         config = policy_config(policy)
@@ -158,7 +159,7 @@ class RelayEngine:
         or any given) the profile's for the rest (``engine.configuration`` says which). ``dtype`` may give each
         model its own format: ``"bf16/int8"`` (large/small) or ``{"large": "bf16", "small": "int8"}``.
         """
-        from ..tune.configuration import configure_pair  # deferred: tuning loads the registry's models
+        from ..tune.configuration import configure_pair, cost_recorder  # deferred: tuning loads the registry's models
 
         torch_device = pick_device(device)
         given = dict(mode=mode, speculative=speculative, verify=verify, dtype=dtype, draft_vocab=draft_vocab,
@@ -186,7 +187,7 @@ class RelayEngine:
             compile=compile or configuration.compile,
             prompt_lookup=configuration.prompt_lookup if prompt_lookup == "auto" else prompt_lookup,
         )
-        engine.configuration = configuration
+        engine.configuration, engine.on_usage = configuration, cost_recorder(pair_name, configuration)
         return engine
 
     @classmethod
@@ -365,6 +366,8 @@ class RelayEngine:
             for event in drive(transcript, self.backend.open(plan, transcript), cancel):
                 if isinstance(event, FinalEvent) and self.configuration is not None:
                     event.result.configuration = self.configuration.describe()
+                if isinstance(event, FinalEvent) and self.on_usage is not None:
+                    self.on_usage(event.result.usage)
                 yield event
 
     def stream_ids(
@@ -395,10 +398,8 @@ class RelayEngine:
         **overrides: Any,
     ) -> Iterator[StreamEvent]:
         """Streams TextEvent / SwitchEvent as text becomes final, then one FinalEvent with the whole result."""
-        prompt_ids = self.encode_messages(
-            messages, tools, chat_template_kwargs, assistant_prefix, raw_markup=raw_markup
-        )
-        return self.run_plan(self.plan(prompt_ids, settings, **overrides), cancel)
+        ids = self.encode_messages(messages, tools, chat_template_kwargs, assistant_prefix, raw_markup=raw_markup)
+        return self.run_plan(self.plan(ids, settings, **overrides), cancel)
 
     def generate(
         self,
@@ -474,10 +475,8 @@ class RelayEngine:
     ) -> GenerationPlan:
         # The async entry points run this on a worker thread: rendering and tokenizing a long chat would stall the
         # event loop (a 20,000-message chat takes about a second to tokenize; the tokenizer releases the GIL).
-        prompt_ids = self.encode_messages(
-            messages, tools, chat_template_kwargs, assistant_prefix, raw_markup=raw_markup
-        )
-        return self.plan(prompt_ids, settings, **overrides)
+        ids = self.encode_messages(messages, tools, chat_template_kwargs, assistant_prefix, raw_markup=raw_markup)
+        return self.plan(ids, settings, **overrides)
 
     async def agenerate_ids(
         self, prompt_ids: Sequence[int], settings: GenerationSettings | None = None, **overrides: Any

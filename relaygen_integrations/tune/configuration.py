@@ -18,6 +18,7 @@ import torch
 from ..engine.core.configuration import PairConfiguration, explicit_settings
 from ..engine.core.cues import shipped_profile
 from .candidates import LOOKUP_SUFFIX, Candidate, split_mode
+from .observed import CostRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,20 @@ def configuration_for(candidate: Candidate, speedup: float, machine: str) -> Pai
         machine=machine,
         predicted_speedup=round(speedup, 3),
     )
+
+
+def cost_recorder(pair_name: str | None, configuration: PairConfiguration) -> CostRecorder | None:
+    """What records an engine's pass costs for the next choice (``observed.py``): only for a configuration tuned on
+    this machine, whose cache file the observations join; None otherwise (nothing to correct)."""
+    from .tuner import cache_path, tuning_enabled
+
+    if pair_name is None or configuration.source != "tuned" or not configuration.machine or not tuning_enabled():
+        return None
+    path = cache_path(pair_name, configuration.machine)
+    if configuration.candidate is None or not path.exists():
+        return None
+    _, large, small = split_mode(configuration.candidate)
+    return CostRecorder(path, {"large": large, "small": small})
 
 
 def configure_pair(

@@ -44,12 +44,16 @@ def interpolate(seconds: Mapping[int, float], positions: int) -> float:
 
 @dataclass(frozen=True)
 class PassCosts:
-    """One model in one format on one machine: measured seconds per pass over ``k`` positions."""
+    """One model in one format on one machine: measured seconds per pass over ``k`` positions, and (a corrected
+    table's, ``observed.py``) a scale per bucket of sizes: ``(largest size, factor)`` pairs, smallest first, the
+    last one's size ``inf``. Only ``seconds`` is ever saved."""
 
     seconds: dict[int, float]
+    scale: tuple[tuple[float, float], ...] = ()
 
     def at(self, positions: int) -> float:
-        return interpolate(self.seconds, positions)
+        cost = interpolate(self.seconds, positions)
+        return cost * next((factor for upto, factor in self.scale if positions <= upto), 1.0)
 
     @property
     def step(self) -> float:

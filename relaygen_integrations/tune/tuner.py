@@ -6,7 +6,9 @@
    table that covers the formats asked for is used as it is (no measurement).
 2. Otherwise the formats the pair's candidates need are measured (``measure.py``, at most ``budget`` seconds with a
    progress bar) and cached.
-3. ``choose.choose`` prices every candidate and picks the fastest accuracy-backed one.
+3. ``choose.choose`` prices every candidate and picks the fastest accuracy-backed one, on the table corrected by
+   what an engine's passes cost here since (``observed.py``: kept in the same file, and kept when it is measured
+   again).
 
 ``RELAYGEN_TUNE=off`` in the environment turns this off everywhere: the engine then runs the profile's shipped
 configuration. Passing any of the configuration's settings explicitly never measures either (``configuration.py``).
@@ -28,6 +30,7 @@ from .choose import Choice, choose
 from .costs import PassCostTable
 from .machine import MachineIdentity, this_machine
 from .measure import DEFAULT_BUDGET_SECONDS, MEASURE_METHOD, ModelPassTimer, PassTimer, measure_pass_costs
+from .observed import ObservedCosts, corrected_table, read_observed, write_observed
 from .profile import profiled_modes
 
 TUNE_ENV = "RELAYGEN_TUNE"
@@ -82,8 +85,10 @@ def default_plan(device: torch.device, pair: str | None = None) -> tuple[tuple[s
     return tuple(item for item in CPU_PLAN if item[1] != GGUF_FORMAT)
 
 
-def cache_path(pair: str, machine: MachineIdentity, home: Path | None = None) -> Path:
-    return (home or relaygen_home()) / "tune" / f"{pair}-{machine.key()}.json"
+def cache_path(pair: str, machine: MachineIdentity | str, home: Path | None = None) -> Path:
+    """Where ``pair``'s table for ``machine`` (or its ``key()``) is cached."""
+    key = machine if isinstance(machine, str) else machine.key()
+    return (home or relaygen_home()) / "tune" / f"{pair}-{key}.json"
 
 
 def load_cached(path: Path, plan: Sequence[tuple[str, str]]) -> PassCostTable | None:
@@ -125,6 +130,7 @@ class Tuned:
     machine: MachineIdentity
     cached: bool  # the table came from the cache (nothing was measured)
     path: Path
+    observed: ObservedCosts  # an engine's passes on this machine since (``observed.py``); ``choice`` priced with them
 
 
 def measure_with_progress(
@@ -172,5 +178,9 @@ def tune_pair(
         table = measure_with_progress(timer, plan, budget, show_progress)
         table.machine = machine.to_json() | {"plan": [f"{role}:{fmt}" for role, fmt in plan], "method": MEASURE_METHOD}
         path.parent.mkdir(parents=True, exist_ok=True)
+        observed = read_observed(path)  # facts about this machine whatever the table: kept
         table.save(path)
-    return Tuned(choose(modes, table), table, machine, cached, path)
+        if observed.cells:
+            write_observed(path, observed)
+    observed = read_observed(path)
+    return Tuned(choose(modes, corrected_table(table, observed)), table, machine, cached, path, observed)

@@ -82,6 +82,9 @@ class Usage:
     # Forward passes by model and by how many new positions each read (``{"large": {1: 212, 4: 31}}``; local models
     # only): the machine-independent shape of the work, which ``relaygen tune`` prices with a machine's pass costs.
     passes: dict[str, dict[int, int]] = field(default_factory=dict)
+    # Their wall time by model and positions read (local models only): what this machine charged for each size of
+    # pass, which an engine on a tuned configuration records to correct its cost table (``tune/observed.py``).
+    pass_seconds: dict[str, dict[int, float]] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:

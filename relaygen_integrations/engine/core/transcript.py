@@ -49,6 +49,7 @@ class BackendUsage:
     small_forward_seconds: float = 0.0
     time_split: dict[str, float] = field(default_factory=dict)
     passes: dict[str, dict[int, int]] = field(default_factory=dict)
+    pass_seconds: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 @dataclass

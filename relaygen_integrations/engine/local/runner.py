@@ -58,10 +58,13 @@ class ForwardStats:
     # Passes by how many new positions each read ({1: decode and draft steps, 4: a 3-token draft's check, ...}): with
     # a machine's cost per pass (``tune/costs.py``) this predicts the request's forward seconds on any machine.
     passes: dict[int, int] = field(default_factory=dict)
+    # Their wall time by the same sizes: what this machine really charged for each (``tune/observed.py``).
+    pass_seconds: dict[int, float] = field(default_factory=dict)
 
-    def add_seconds(self, kind: str, seconds: float) -> None:
+    def add_seconds(self, kind: str, seconds: float, positions: int) -> None:
         self.forward_seconds += seconds
         self.seconds_by_kind[kind] = self.seconds_by_kind.get(kind, 0.0) + seconds
+        self.pass_seconds[positions] = self.pass_seconds.get(positions, 0.0) + seconds
 
 
 @dataclass
@@ -186,7 +189,7 @@ class ModelRunner:
         self.last_hidden, self.last_logits = forward_hidden(self, new_ids, kind), None
         started = time.perf_counter()
         logits = self.draft_head.logits(self.last_hidden)[0]
-        self.stats.add_seconds(kind, time.perf_counter() - started)  # the output layer is part of the pass
+        self.stats.add_seconds(kind, time.perf_counter() - started, len(new_ids))  # the output layer is in the pass
         return logits
 
     def check_draft(self, ids: list[int], draft: list[int], kind: str = "verify_drafts") -> torch.Tensor:
@@ -295,6 +298,6 @@ def _finish_pass(runner: ModelRunner, new_ids: list[int], started: float, result
     if result.device.type == "cuda":
         # Kernels run asynchronously; the sampler would wait for them right after anyway, so timing here costs nothing.
         torch.cuda.synchronize(result.device)
-    runner.stats.add_seconds(kind, time.perf_counter() - started)
+    runner.stats.add_seconds(kind, time.perf_counter() - started, len(new_ids))
     runner.stats.passes[len(new_ids)] = runner.stats.passes.get(len(new_ids), 0) + 1
     runner.cached_ids.extend(new_ids)

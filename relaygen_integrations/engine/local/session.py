@@ -178,4 +178,5 @@ class LocalSession:
             | grammar
             | lookup,
             passes={role: dict(sorted(runner.stats.passes.items())) for role, runner in self.runners.items()},
+            pass_seconds={role: dict(sorted(r.stats.pass_seconds.items())) for role, r in self.runners.items()},
         )
