@@ -116,3 +116,28 @@ def test_no_images_anywhere_not_even_in_a_tool_result(engine):
     ):
         with pytest.raises(ValueError, match="text only"):
             RelayChatModel(engine=engine, max_tokens=2).invoke(messages)
+
+
+def test_the_engine_and_both_adapters_read_one_context_window(pair, tmp_path: Path):
+    """LangChain's profile and LlamaIndex's metadata, before any model loads, give the window the engine will:
+    ``max_position_embeddings`` at the config's top or in its ``text_config``, one fallback where it names none
+    (they differed there: LlamaIndex fell back to its own 3900, and read ``text_config`` where LangChain did not)."""
+    from relaygen_integrations.engine.core.pairs import FALLBACK_CONTEXT_WINDOW, context_window_of
+    from relaygen_integrations.engine.local.loading import context_window
+    from relaygen_integrations.llama_index import RelayLLM
+
+    cases = {
+        "top": ({"max_position_embeddings": 4096}, 4096),
+        "text_config": ({"text_config": {"max_position_embeddings": 8192}}, 8192),
+        "none": ({"model_type": "qwen2"}, FALLBACK_CONTEXT_WINDOW),
+    }
+    for name, (config, window) in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+        (folder / "tokenizer_config.json").write_text("{}")
+        (folder / "chat_template.jinja").write_text(SWITCH)
+        assert context_window_of(config) == window
+        assert RelayChatModel(large=str(folder), small=str(folder)).profile["max_input_tokens"] == window
+        assert RelayLLM(large=str(folder), small=str(folder)).metadata.context_window == window
+    assert context_window(pair[0]) == pair[0].config.max_position_embeddings

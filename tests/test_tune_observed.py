@@ -181,3 +181,27 @@ def test_the_bench_prices_each_mode_with_what_the_other_modes_paid() -> None:
     # Runs saved before pass_seconds existed: the measured prediction alone.
     old = [Run(**{**vars(r), "pass_seconds": {}}) for r in runs]
     assert "corrected_s_per_token" not in predicted_rows(old, ["large"], table.to_json(), "bf16", {})["large"]
+
+
+def test_relaygen_tune_explains_the_observed_ratios_and_chooses_with_them(tmp_path: Path, capsys) -> None:
+    from test_tune import DATA
+
+    from relaygen_integrations.cli.main import main
+
+    table = DATA / "tune-avx2-epyc" / "pass_cost.json"  # the AVX2 EPYC: large#bf16 wins, no draft pays
+    assert main(["tune", "--costs", str(table), "--explain"]) == 0
+    assert "winner: large#bf16" in capsys.readouterr().out
+    # The same table with what an engine observed since: its steps cost four times the measured, its 3-4-position
+    # passes what was measured. A step is dear against a check: drafting pays.
+    saved = json.loads(table.read_text(encoding="utf-8"))
+    measured = PassCostTable.from_json(saved).get("large", "bf16")
+    assert measured is not None
+    observed = ObservedCosts()
+    observed.add({"large": "bf16"}, {"large": {1: 300, 4: 60}},
+                 {"large": {1: 300 * 4 * measured.at(1), 4: 60 * measured.at(4)}})  # fmt: skip
+    corrected = tmp_path / "observed.json"
+    corrected.write_text(json.dumps(saved | {"observed": observed.to_json()}), encoding="utf-8")
+    assert main(["tune", "--costs", str(corrected), "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "observed large:bf16 against measured" in out and "<= 1: x4.00 (300)" in out and "<= 4: x1.00 (60)" in out
+    assert "winner: large#bf16 " not in out and "winner: large-spec" in out

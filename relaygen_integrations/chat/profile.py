@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..engine.core.pairs import known_pair
+from ..engine.core.pairs import large_model_folder, peek_context_window
 
 if TYPE_CHECKING:
     from .model_fields import RelayModelFields
@@ -34,25 +34,13 @@ def pair_profile(fields: RelayModelFields) -> dict[str, Any] | None:
         config = engine.policy_config
         reasoning = bool(config.reasoning_end or config.answer_marker)
         return _profile(engine.context_window, reasoning, engine.tokenizer.chat_template)
-    folder = _large_folder(fields.large, fields.small)
-    if folder is None:
+    folder = large_model_folder(fields.large, fields.small)
+    window = peek_context_window(fields.large, fields.small)
+    if folder is None or window is None:
         return None
-    settings = json.loads((folder / "config.json").read_text())
-    window = int(settings.get("max_position_embeddings") or 32768)  # what engine/local/loading.context_window reads
     tokenizer_config = folder / "tokenizer_config.json"
     thinks = tokenizer_config.exists() and "</think>" in tokenizer_config.read_text()
     return _profile(window, thinks, _template_of(folder))
-
-
-def _large_folder(large: str, small: str) -> Path | None:
-    pair = known_pair(large, small)
-    if pair is not None:
-        from ..registry import pair_paths
-
-        paths = pair_paths(pair)
-        return Path(paths.large) if paths is not None else None
-    folder = Path(large)
-    return folder if (folder / "config.json").exists() else None
 
 
 def _template_of(folder: Path) -> ChatTemplate:

@@ -11,10 +11,8 @@ and tool-calling entry points. Prompt rendering, tool-choice prefills and tool-c
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import (
@@ -39,6 +37,7 @@ from llama_index.core.llms.llm import ToolSelection
 from ..chat.model_fields import RelayModelFields
 from ..chat.reasoning import thinking_template_kwargs
 from ..chat.relay_chat import ChatRequest, astream_chat, prepare_chat, stream_chat
+from ..engine.core.pairs import peek_context_window
 from ..engine.core.prompt import MessageError, check_text
 from ..engine.core.settings import KEYS, GenerationSettings, SettingsError, merge_settings, shown
 from ..engine.core.spans import StreamEvent
@@ -113,7 +112,7 @@ class RelayLLM(RelayModelFields, JsonStructuredOutput, FunctionCallingLLM):
             return self.context_window
         if self._engine is not None:
             return int(self._engine.context_window)
-        return _peek_context_window(self.large) or DEFAULT_CONTEXT_WINDOW
+        return peek_context_window(self.large, self.small) or DEFAULT_CONTEXT_WINDOW
 
     def _model_name(self) -> str:
         if self._engine is not None:
@@ -351,27 +350,3 @@ def _display_name(ref: str, role: str) -> str:
     from ..registry import KNOWN_PAIRS
 
     return f"{ref}:{role}" if ref in KNOWN_PAIRS else ref
-
-
-def _peek_context_window(ref: str) -> int | None:
-    """The large model's context window from its config.json when it is on disk already (a cached pair or a local
-    directory); never downloads or loads weights."""
-    try:
-        from ..registry import KNOWN_PAIRS, pair_paths
-
-        pair, _, role = ref.partition(":")
-        if pair in KNOWN_PAIRS:
-            paths = pair_paths(pair)
-            directory = paths.for_role("small" if role == "small" else "large") if paths is not None else None
-        else:
-            directory = Path(ref) if Path(ref).is_dir() else None
-        if directory is None or not (directory / "config.json").is_file():
-            return None
-        config = json.loads((directory / "config.json").read_text())
-        value = config.get("max_position_embeddings") or (config.get("text_config") or {}).get(
-            "max_position_embeddings"
-        )
-        return int(value) if value else None
-    except (OSError, ValueError, TypeError) as exc:
-        logger.debug("could not read the context window of %s: %s", ref, exc)
-        return None

@@ -4,6 +4,11 @@ models share one tokenizer, the reasoning-end marker. No torch: the remote backe
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from .spans import ModelRole
@@ -24,6 +29,49 @@ def known_pair(large: str, small: str) -> str | None:
     names = {ref.split(":", 1)[0] for ref in (large, small)}
     name = names.pop() if len(names) == 1 else None
     return name if name in KNOWN_PAIRS else None
+
+
+# The window of a config that names none: Qwen2.5's, the demo pair's own.
+FALLBACK_CONTEXT_WINDOW = 32768
+
+
+def context_window_of(config: Mapping[str, Any]) -> int:
+    """The context window a model's config declares: ``max_position_embeddings`` at its top or in its
+    ``text_config`` (multimodal configs), else ``FALLBACK_CONTEXT_WINDOW``. The one reader behind the engine's
+    ``context_window``, LangChain's profile and LlamaIndex's metadata, so they cannot disagree."""
+    text = config.get("text_config")
+    value = config.get("max_position_embeddings") or (
+        text.get("max_position_embeddings") if isinstance(text, Mapping) else None
+    )
+    try:
+        window = int(value) if value else 0
+    except (TypeError, ValueError):
+        window = 0
+    return window if window > 0 else FALLBACK_CONTEXT_WINDOW
+
+
+def large_model_folder(large: str, small: str | None = None) -> Path | None:
+    """The large model's folder when it is on disk already - a fetched known pair, or a local directory holding a
+    ``config.json`` - else None. Never downloads: adapters ask before any model loads."""
+    pair = known_pair(large, small if small is not None else large)
+    if pair is not None:
+        from ...registry import pair_paths
+
+        paths = pair_paths(pair)
+        return Path(paths.large) if paths is not None else None
+    folder = Path(large)
+    return folder if (folder / "config.json").is_file() else None
+
+
+def peek_context_window(large: str, small: str | None = None) -> int | None:
+    """:func:`context_window_of` the large model's ``config.json`` on disk, without loading it; None when the folder
+    is not there or its config cannot be read."""
+    folder = large_model_folder(large, small)
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder is not None else None
+    except (OSError, ValueError):
+        return None
+    return context_window_of(config) if isinstance(config, Mapping) else None
 
 
 def resolve_reference(ref: str, role: ModelRole, copy: str = "bf16") -> tuple[str, str | None]:

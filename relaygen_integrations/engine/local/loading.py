@@ -14,7 +14,14 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.configuration import pair_formats
-from ..core.pairs import ModelLoadError, check_tokenizers_match, known_pair, load_tokenizer, resolve_reference
+from ..core.pairs import (
+    ModelLoadError,
+    check_tokenizers_match,
+    context_window_of,
+    known_pair,
+    load_tokenizer,
+    resolve_reference,
+)
 from .weights import PairDTypeSpec, WeightFormat, dtype_tag, pick_pair_weights, pick_weights, quantize_linear_int8
 
 Loaded = TypeVar("Loaded")
@@ -91,7 +98,7 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
 
 
 def context_window(model: PreTrainedModel) -> int:
-    return int(getattr(model.config, "max_position_embeddings", 0) or 32768)
+    return context_window_of(model.config.to_dict())
 
 
 @dataclass
