@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -99,11 +100,12 @@ def test_a_mismeasured_step_flips_the_choice_once_the_engine_has_seen_what_steps
     # The engine then ran large bf16 steps at twelve times the measured step, and its 4-position passes as measured.
     recorder = CostRecorder(first.path, {"large": "bf16", "small": "int8"})
 
-    class Usage:
-        passes = {"large": {1: 200, 4: 50}}
-        pass_seconds = {"large": {1: 200 * 12 * measured_large.at(1), 4: 50 * measured_large.at(4)}}
-
-    recorder(Usage())
+    recorder(
+        SimpleNamespace(
+            passes={"large": {1: 200, 4: 50}},
+            pass_seconds={"large": {1: 200 * 12 * measured_large.at(1), 4: 50 * measured_large.at(4)}},
+        )
+    )
     measured = timer.passes
     second = tune_pair("demo", PROFILE, cpu, timer=timer, home=tmp_path, show_progress=False)
     assert second.cached and timer.passes == measured  # nothing measured again: the observations did it
@@ -165,8 +167,13 @@ def test_the_bench_prices_each_mode_with_what_the_other_modes_paid() -> None:
     # large paid 2x the table for its steps; large-spec's passes ran at 1.5x. Neither's own observations price it.
     runs = [
         run("large", 1, 4.0, {"large": {"1": 10}}, {"large": {"1": 4.0}}),
-        run("large-spec#bf16/int8", 1, 2.0, {"large": {"1": 10, "4": 2}, "small": {"1": 10}},
-            {"large": {"1": 3.0, "4": 1.5}, "small": {"1": 0.75}}),  # fmt: skip
+        run(
+            "large-spec#bf16/int8",
+            1,
+            2.0,
+            {"large": {"1": 10, "4": 2}, "small": {"1": 10}},
+            {"large": {"1": 3.0, "4": 1.5}, "small": {"1": 0.75}},
+        ),
     ]
     rows = predicted_rows(runs, ["large", "large-spec#bf16/int8"], table.to_json(), "bf16", {})
     large = rows["large"]
