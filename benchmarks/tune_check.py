@@ -46,6 +46,7 @@ RUNS = {
     "verify-bf16": "pass-cost-avx2.json",
     "tune-check-avx512": "tune-check-avx512/tune_table_v2.json",  # remeasured: steps median of 3, 64 positions
     "tune-check-avx2-forced-avx512": "tune-check-avx2-forced-avx512/tune_table.json",
+    "tune-check-observed-avx512": "tune-check-observed-avx512/tune_table_before.json",  # the table the run's engine had
 }
 
 

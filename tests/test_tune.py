@@ -103,6 +103,8 @@ RECORDED_RUNS = {
     "relay-vs-spec-60": (AVX512_BF16, 20),  # the AVX512-BF16 EPYC
     "tune-check-avx512": (("tune-check-avx512/tune_table.json",), 10),  # the Xeon with AVX-512, no bf16 instructions
     "tune-check-avx2-forced-avx512": (("tune-check-avx2-forced-avx512/tune_table.json",), 10),  # same, AVX2 forced
+    # the same Xeon class a day later, the default tuned there and correcting its table by its own passes
+    "tune-check-observed-avx512": (("tune-check-observed-avx512/tune_table_before.json",), 10),
 }
 
 
@@ -114,14 +116,14 @@ def test_where_a_recorded_run_exists_the_choice_is_its_fastest_backed_mode(run: 
     paths, problems = RECORDED_RUNS[run]
     saved = json.loads((DATA / run / "results.json").read_text())
     default = (saved.get("configurations") or {}).get("default", {}).get("candidate")
-    seconds: dict[str, float] = defaultdict(float)
+    seconds: dict[str, list[float]] = defaultdict(list)  # per answer: default and its candidate may both have run
     for recorded in saved["runs"]:
         if recorded["problem"] < problems:
             mode = {"large": "large#bf16", "default": default}.get(recorded["mode"], recorded["mode"])
-            seconds[mode] += recorded["seconds"]
+            seconds[mode].append(recorded["seconds"])
     choice = choose(MODES, table_of(*paths))
     backed = {p.candidate.name for p in choice.ranked if p.candidate.backed}
-    fastest = min((s, m) for m, s in seconds.items() if m in backed)[1]
+    fastest = min((sum(s) / len(s), m) for m, s in seconds.items() if m in backed)[1]
     assert fastest == choice.winner.candidate.name == "large-spec#bf16/int8"
 
 

@@ -212,3 +212,21 @@ def test_relaygen_tune_explains_the_observed_ratios_and_chooses_with_them(tmp_pa
     out = capsys.readouterr().out
     assert "observed large:bf16 against measured" in out and "<= 1: x4.00 (300)" in out and "<= 4: x1.00 (60)" in out
     assert "winner: large#bf16 " not in out and "winner: large-spec" in out
+
+
+def test_on_a_recorded_run_the_corrected_price_is_within_a_few_percent_where_the_measured_was_not() -> None:
+    """benchmarks/data/tune-check-observed-avx512: the tuner's day-old table priced every mode 11-18 % below what
+    the run paid; corrected by the run's other modes' passes (leave-one-out) each lands within 5 %."""
+    data = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "tune-check-observed-avx512"
+    saved = json.loads((data / "results.json").read_text(encoding="utf-8"))
+    before = json.loads((data / "tune_table_before.json").read_text(encoding="utf-8"))
+    runs = [Run(**run) for run in saved["runs"]]
+    modes = ["large", "large-spec#bf16/int8", "relay-spec+verify@prob:0.2#bf16/int8", "default"]
+    rows = predicted_rows(runs, modes, before, saved["machine"]["dtype"], saved["configurations"])
+    assert set(rows) == set(modes)
+    for mode, row in rows.items():
+        assert row["ratio"] < 0.9, mode
+        assert abs(row["corrected_ratio"] - 1) < 0.05, mode
+    # What the engine recorded beside its table during the run: enough large and small passes to trust.
+    after = read_observed(data / "tune_table_after.json")
+    assert after.passes("large", "bf16") >= MIN_PASSES and after.passes("small", "int8") >= MIN_PASSES
