@@ -151,3 +151,15 @@ def test_no_module_imports_a_private_name_of_another() -> None:
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(NAME)):
                 found += [f"{path.relative_to(PACKAGE)}: {a.name}" for a in node.names if a.name.startswith("_")]
     assert found == []
+
+
+def test_the_adapters_reach_the_engine_through_its_public_face() -> None:
+    """The chat layer and both framework adapters ask the engine (``engine.grammar_tokenizer``,
+    ``engine.context_window``), never its backend: a new backend then needs no change above the engine."""
+    found = []
+    for folder in ("chat", "langchain", "llama_index"):
+        for path in (PACKAGE / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Attribute) and node.attr == "backend":
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert found == []

@@ -238,7 +238,7 @@ def _as_run(engine: RelayEngine, request: ChatRequest) -> ChatRequest:
     wanted = bool(request.tools) or asks_json(request.response_format)
     if not wanted or not settings.constrain or settings.grammar is not None:
         return request
-    if not engine.backend.grammars:
+    if engine.grammar_tokenizer is None:
         return request  # a remote pair: the prefill and the parser, as without constraints
     return dataclasses.replace(request, prefix=None, constrained=True)
 
@@ -250,8 +250,8 @@ def _run_plan(engine: RelayEngine, request: ChatRequest) -> GenerationPlan:
     prompt_ids = _prompt_ids(engine, request)
     if not request.constrained:
         return engine.plan(prompt_ids, request.settings)
-    tokenizer = engine.backend.grammar_tokenizer
-    assert tokenizer is not None  # a backend that masks tokens has one
+    tokenizer = engine.grammar_tokenizer
+    assert tokenizer is not None  # _as_run constrained the request: the backend masks tokens
     answer = json_item(response_schema(request.response_format)) if call_or_answer(request) else None
     fmt = chat_tool_format(engine.tokenizer, request.settings.tool_format)
     if request.tools:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .constraints.grammar import GrammarTokenizer
 from .core.backend import Backend, BackendCapabilityError
 from .core.configuration import PairConfiguration
 from .core.cues import CueConfigError, CueSet, resolve_cues
@@ -169,24 +170,15 @@ class RelayEngine:
         loaded = load_pair(large, small, torch_device, formats, trust_remote_code, allow_pickle)
         large_model, small_model, tokenizer, pair_name = loaded.large, loaded.small, loaded.tokenizer, loaded.pair_name
         engine = cls.from_models(
-            large_model,
-            small_model,
-            tokenizer,
-            cues=resolve_cues(cues, pair_name),
-            policy=policy,
-            large_name=loaded.large_name,
-            small_name=loaded.small_name,
-            pair_name=pair_name,
-            reuse_prefix=reuse_prefix,
+            large_model, small_model, tokenizer, cues=resolve_cues(cues, pair_name), policy=policy,
+            large_name=loaded.large_name, small_name=loaded.small_name, pair_name=pair_name, reuse_prefix=reuse_prefix,
             mode=configuration.mode if mode == "auto" else mode,  # type: ignore[arg-type]
             speculative=configuration.speculative if speculative == "auto" else speculative,
-            verify=configuration.verify if verify == "auto" else verify,
-            draft_confidence=draft_confidence,
-            draft_vocab=configuration.draft_vocab if draft_vocab == "auto" else draft_vocab,
-            kv_cache=kv_cache,
+            verify=configuration.verify if verify == "auto" else verify, draft_confidence=draft_confidence,
+            draft_vocab=configuration.draft_vocab if draft_vocab == "auto" else draft_vocab, kv_cache=kv_cache,
             compile=compile or configuration.compile,
             prompt_lookup=configuration.prompt_lookup if prompt_lookup == "auto" else prompt_lookup,
-        )
+        )  # fmt: skip
         engine.configuration, engine.on_usage = configuration, cost_recorder(pair_name, configuration)
         return engine
 
@@ -252,6 +244,11 @@ class RelayEngine:
     @property
     def eos_ids(self) -> frozenset[int]:
         return self.backend.eos_ids
+
+    @property
+    def grammar_tokenizer(self) -> GrammarTokenizer | None:
+        """The tokenizer a tool or schema grammar is built with; None where the backend cannot mask tokens."""
+        return self.backend.grammar_tokenizer if self.backend.grammars else None
 
     def close(self) -> None:
         """Releases the backend's resources (HTTP connections; local caches)."""
