@@ -163,3 +163,23 @@ def test_the_adapters_reach_the_engine_through_its_public_face() -> None:
                 if isinstance(node, ast.Attribute) and node.attr == "backend":
                     found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert found == []
+
+
+# The transcript's writers: what changes its text, ids, spans, counts or end.
+TRANSCRIPT_WRITERS = {"settle_run", "accept_run", "reject_from", "end", "feed", "account_forward", "push", "release",
+                      "finish", "note"}  # fmt: skip
+
+
+def test_only_the_loop_writes_the_transcript() -> None:
+    """Sessions are token sources: they read the transcript and return a Step (tokens, passes, log probabilities,
+    a verdict, their own end); ``core/loop.py`` records it. No backend, and no server built on one, calls a
+    transcript's (or its log-probability ledger's) writing methods."""
+    found = []
+    for folder in ("engine/local", "engine/remote", "serve"):
+        for path in (PACKAGE / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    target = ast.unparse(node.func.value)
+                    if node.func.attr in TRANSCRIPT_WRITERS and ("transcript" in target or "logprobs" in target):
+                        found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {target}.{node.func.attr}")
+    assert found == []

@@ -17,6 +17,7 @@ from relaygen_integrations.engine import (
     SettingsError,
     merge_settings,
 )
+from relaygen_integrations.engine.core.backend import Step
 from relaygen_integrations.engine.core.settings import GenerationPlan
 from relaygen_integrations.engine.core.spans import ModelRole
 from relaygen_integrations.engine.core.transcript import BackendUsage, Fed, Transcript
@@ -124,12 +125,12 @@ class ScriptSession:
         self.feeds: list[Fed] = []
         self.closed: bool | None = None
 
-    def next_tokens(self, writer: ModelRole) -> list[int]:
+    def next_tokens(self, writer: ModelRole) -> Step:
         written = self.backend.tokenizer.decode(self.transcript.ids[self.transcript.prompt_len :])
         rest = self.backend.texts[writer][len(written) :]
         if not rest:
-            return sorted(self.backend.eos_ids)
-        return self.backend.tokenizer.encode(rest, add_special_tokens=False)[:3]  # three tokens a chunk
+            return Step(sorted(self.backend.eos_ids))
+        return Step(self.backend.tokenizer.encode(rest, add_special_tokens=False)[:3])  # three tokens a chunk
 
     def after_feed(self, fed: Fed) -> None:
         self.feeds.append(fed)

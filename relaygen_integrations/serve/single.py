@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..engine.core.backend import Step
 from ..engine.core.cues import CueSet
 from ..engine.core.loop import drive
 from ..engine.core.policy import RelayPolicy
@@ -187,13 +188,13 @@ class _TokenLog:
         taken, self.pending = self.pending, []
         return taken
 
-    def next_tokens(self, writer: ModelRole) -> list[int]:
-        tokens = self.session.next_tokens(writer)
-        self.pending += tokens
-        return tokens
+    def next_tokens(self, writer: ModelRole) -> Step:
+        step = self.session.next_tokens(writer)
+        self.pending += step.tokens
+        return step
 
-    def verify(self) -> None:
-        self.session.verify()
+    def verify(self) -> Step:
+        return self.session.verify()
 
     def after_feed(self, fed: Fed) -> None:
         self.session.after_feed(fed)

@@ -14,10 +14,11 @@ constructor on the front (as ``RelayEngine.from_endpoints``); this package never
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .settings import GenerationError, GenerationPlan
-from .spans import ModelRole
+from .spans import FinishReason, ModelRole
 from .transcript import BackendUsage, Fed, Transcript
 
 if TYPE_CHECKING:
@@ -36,21 +37,43 @@ class BackendCapabilityError(GenerationError):
         self.capability = capability
 
 
+# A token's log probability as a backend computed it: sequence position, token id, logprob, the model, and the top
+# alternatives as (token id, logprob).
+LogprobRow = tuple[int, int, float, ModelRole, Sequence[tuple[int, float]]]
+
+
+@dataclass
+class Step:
+    """What one step of a session did, returned to ``drive``, the only writer of the transcript: the tokens written,
+    the forward passes run (``passes``: model and the sequence positions ``[start, end)`` each read; the transcript
+    knows whose tokens those were, so whether a pass was prefill, catch-up or the writer's own), log probabilities
+    (where the request asked for them), a backend's own end of the generation (the model ended, nothing more to
+    write) and, from :meth:`GenerationSession.verify`, the verdict on the pending small run: the index within it of
+    the first token the rule rejects, None when all are kept."""
+
+    tokens: list[int] = field(default_factory=list)
+    passes: list[tuple[ModelRole, int, int]] = field(default_factory=list)
+    logprobs: list[LogprobRow] = field(default_factory=list)
+    end: FinishReason | None = None
+    rejected: int | None = None
+
+
 @runtime_checkable
 class GenerationSession(Protocol):
-    """One request's token source, driven by ``core/loop.drive``."""
+    """One request's token source, driven by ``core/loop.drive``. A session reads the transcript and never writes
+    it: each call returns a :class:`Step` and the loop records it."""
 
-    def next_tokens(self, writer: ModelRole) -> list[int]:
+    def next_tokens(self, writer: ModelRole) -> Step:
         """The next token(s) ``writer`` writes after ``transcript.ids`` (several for a speculative round or a
-        streamed chunk; none when the backend needs another round trip). To end the generation for a reason of its
-        own (the model's end, nothing more to write) the session calls ``transcript.end``."""
+        streamed chunk; none when the backend needs another round trip), and the passes that produced them."""
         ...
 
-    def verify(self) -> None:
-        """Verified relay: score ``transcript.pending_run()`` with the large model, apply ``transcript.verify`` (the
-        rule) and hand the verdict to ``transcript.settle_run``, which keeps the run or cuts it at the first rejected
-        token, after which the large model writes. The run's state is the transcript's; a backend only scores. Only
-        called when the plan asks for verification, which ``Backend.check`` may refuse."""
+    def verify(self) -> Step:
+        """Verified relay: score ``transcript.pending_run()`` with the large model and apply ``transcript.verify``
+        (the rule): ``Step.rejected`` is the verdict, which the loop hands to ``transcript.settle_run`` (it keeps
+        the run or cuts it there, after which the large model writes). A session that cuts brings its own state
+        (caches, the large model's token at the cut) to the kept sequence before returning. Only called when the
+        plan asks for verification, which ``Backend.check`` may refuse."""
         ...
 
     def after_feed(self, fed: Fed) -> None:

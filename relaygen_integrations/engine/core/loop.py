@@ -4,10 +4,13 @@ One loop (:func:`drive`) serves every backend and every mode: ``relay`` alternat
 policy says; ``large``/``small`` run one model alone through the very same code (the baselines). Per round::
 
     writer = policy.writer
-    tokens = session.next_tokens(writer)   # local: a decode step (a catch-up pass if the writer missed tokens) or a
+    step = session.next_tokens(writer)     # local: a decode step (a catch-up pass if the writer missed tokens) or a
                                            # speculative round; remote: a streamed chunk
-    fed = yield from transcript.feed(tokens, writer)   # text, policy decision, stops, budget, final text events
+    record(transcript, step)               # its passes, log probabilities, a backend's own end
+    fed = yield from transcript.feed(step.tokens, writer)   # text, policy decision, stops, budget, final text events
     session.after_feed(fed)                # crop caches / close the request when the writer changed
+
+The sessions only read the transcript; this loop is its only writer.
 
 Text is released to the caller only when it is final: a look-ahead token is decided before its text is emitted,
 and a tail that could still become a stop sequence is held back.
@@ -21,9 +24,30 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from .backend import GenerationSession
+from .backend import GenerationSession, Step
 from .spans import StreamEvent
 from .transcript import Transcript
+
+
+def record(transcript: Transcript, step: Step) -> None:
+    """A step's facts before its tokens: the passes (classified by the owners of the positions they read, as they
+    stood when the passes ran), the log probabilities, a backend's own end."""
+    for role, start, end in step.passes:
+        transcript.account_forward(role, start, end)
+    if transcript.logprobs is not None:
+        for position, token, logprob, model, top in step.logprobs:
+            transcript.logprobs.note(position, token, logprob, model, top)
+    if step.end is not None:
+        transcript.end(step.end)
+
+
+def settle(transcript: Transcript, verdict: Step) -> None:
+    """Verified relay's verdict: the passes that scored the run, the run kept or cut, then the large model's log
+    probability at the cut (noted for the kept sequence)."""
+    for role, start, end in verdict.passes:
+        transcript.account_forward(role, start, end)
+    transcript.settle_run(verdict.rejected)
+    record(transcript, Step(logprobs=verdict.logprobs, end=verdict.end))
 
 
 def drive(
@@ -38,15 +62,16 @@ def drive(
                     transcript.end("cancelled")
                     break
                 if transcript.verification_due:
-                    session.verify()  # verified relay: a finished small run is checked before anyone writes on
+                    settle(transcript, session.verify())  # a finished small run is checked before anyone writes on
                     continue
                 writer = transcript.policy.writer
-                tokens = session.next_tokens(writer)
-                fed = yield from transcript.feed(tokens, writer)
+                step = session.next_tokens(writer)
+                record(transcript, step)
+                fed = yield from transcript.feed(step.tokens, writer)
                 session.after_feed(fed)
             if transcript.finish_reason == "cancelled" or not transcript.verification_pending:
                 break
-            session.verify()  # the end came inside a small run: a rejection reopens the generation
+            settle(transcript, session.verify())  # the end came inside a small run: a rejection reopens it
             if transcript.finished:
                 break
     except BaseException as exc:

@@ -1,5 +1,6 @@
 """The local backend's token source: two :class:`ModelRunner` s, a sampler and, for the large model with speculation
-on, a drafter. ``drive`` (``engine/core/loop.py``) runs it like any other backend's session.
+on, a drafter. ``drive`` (``engine/core/loop.py``) runs it like any other backend's session: each call returns a
+:class:`Step` (tokens, the passes the runners reported, log probabilities) and the loop writes the transcript.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..constraints.grammar import GrammarState
+from ..core.backend import LogprobRow, Step
 from ..core.settings import MAX_DRAFT_LIMIT
 from ..core.spans import ModelRole
 from ..core.transcript import BackendUsage, Fed, Transcript
@@ -61,6 +63,8 @@ class LocalSession:
         self.reprefill_segments = reprefill_segments
         self.speculation = speculation
         self.pending: int | None = None
+        # Passes the runners reported since the last step (``on_forward``: the positions each read), for its Step.
+        self.passes: list[tuple[ModelRole, int, int]] = []
         prompt_ids = transcript.ids[: transcript.prompt_len]
         # Positions the request may reach: its budget plus a draft beyond it (sizes a static cache once).
         expected_len = transcript.prompt_len + (transcript.max_new_tokens or 0) + MAX_DRAFT_LIMIT + 1
@@ -69,14 +73,15 @@ class LocalSession:
                 runner.begin_request(
                     prompt_ids,
                     reuse_prefix,
-                    lambda start, end, role=role: transcript.account_forward(role, start, end),
+                    lambda start, end, role=role: self.passes.append((role, start, end)),
                     expected_len=expected_len,
                 )
 
-    def verify(self) -> None:
+    def verify(self) -> Step:
         """Scores the pending small-model run with the large model in one pass (its catch-up pass when the large
-        model writes next) and cuts the transcript at the first token the rule rejects. The large model's own token
-        at that position, sampled from the same row, is what it writes next."""
+        model writes next) and returns the first token the rule rejects. Where it rejects, both caches go back to the
+        kept sequence, and the large model's own token at that position, sampled from the same row, is what it
+        writes next."""
         transcript, large = self.transcript, self.runners["large"]
         rule = transcript.verify
         assert rule is not None
@@ -91,19 +96,21 @@ class LocalSession:
             self.grammar.follow(ids)
             rows = self.grammar.masked_rows(rows, first - transcript.prompt_len)
         rejected = rule.first_rejected(rows[: end - start], ids[first : transcript.prompt_len + end])
-        cut = transcript.settle_run(rejected)
-        if cut is None:
-            return
-        row = rows[cut - start]  # the large model's own distribution at the rejected position
+        verdict = Step(passes=self._take_passes(), rejected=rejected)
+        if rejected is None:
+            return verdict
+        cut = start + rejected
+        kept = ids[: transcript.prompt_len + cut]  # the sequence once the loop has cut the run there
         for runner in self.runners.values():
-            runner.sync_to(transcript.ids)  # both caches back to the kept sequence
-        self.pending = self.sampler(row, transcript.ids)
-        self._note_logprobs(len(transcript.ids), raw[cut - start][None], [self.pending], "large")
+            runner.sync_to(kept)  # both caches back to the kept sequence
+        self.pending = self.sampler(rows[cut - start], kept)  # the large model's own distribution at the cut
+        verdict.logprobs = self._logprobs(len(kept), raw[cut - start][None], [self.pending], "large")
+        return verdict
 
-    def next_tokens(self, writer: ModelRole) -> list[int]:
+    def next_tokens(self, writer: ModelRole) -> Step:
         if self.pending is not None:
             token, self.pending = self.pending, None  # the large model's choice where it rejected the small one
-            return [token]
+            return Step([token], self._take_passes())
         ids = self.transcript.ids
         if self.grammar is not None:
             self.grammar.follow(ids)  # rejected drafts, a discarded tail, a rolled-back look-ahead token: undone
@@ -115,8 +122,7 @@ class LocalSession:
                 self.runners["large"], self.speculation.drafter, ids, self.sampler, budget, self.transcript.eos_ids,
                 self.speculation.stats, self.grammar,
             )  # fmt: skip
-            self._note_logprobs(len(ids), rows, tokens, "large")
-            return tokens
+            return Step(tokens, self._take_passes(), self._logprobs(len(ids), rows, tokens, "large"))
         if self.step_lock is None:
             logits = self.runners[writer].logits_for(ids)
         else:
@@ -126,16 +132,22 @@ class LocalSession:
                 logits = runner.logits_for(ids)
         choose = logits if self.grammar is None else self.grammar.masked(logits)
         token = self.sampler(choose, ids)
-        self._note_logprobs(len(ids), logits[None], [token], writer)
-        return [token]
+        return Step([token], self._take_passes(), self._logprobs(len(ids), logits[None], [token], writer))
 
-    def _note_logprobs(self, position: int, rows: torch.Tensor, tokens: list[int], model: ModelRole) -> None:
-        """The request asked for log probabilities: ``tokens`` (from sequence ``position`` on) came from ``rows``."""
+    def _take_passes(self) -> list[tuple[ModelRole, int, int]]:
+        taken, self.passes = self.passes, []
+        return taken
+
+    def _logprobs(self, position: int, rows: torch.Tensor, tokens: list[int], model: ModelRole) -> list[LogprobRow]:
+        """Where the request asked for log probabilities: ``tokens`` (from sequence ``position`` on) came from
+        ``rows``."""
         ledger = self.transcript.logprobs
         if ledger is None:
-            return
-        for offset, (value, top) in enumerate(token_logprobs(rows, tokens, ledger.top)):
-            ledger.note(position + offset, tokens[offset], value, model, top)
+            return []
+        return [
+            (position + offset, tokens[offset], value, model, top)
+            for offset, (value, top) in enumerate(token_logprobs(rows, tokens, ledger.top))
+        ]
 
     def after_feed(self, fed: Fed) -> None:
         # A rolled-back look-ahead token never reached a cache without speculation (a token is forwarded only when

@@ -59,12 +59,12 @@ from openai import Stream
 from openai.types import Completion
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from ..core.backend import BackendCapabilityError
+from ..core.backend import BackendCapabilityError, Step
 from ..core.cues import CueSet, cue_core
 from ..core.pairs import load_tokenizer, resolve_reference
 from ..core.policy import RelayPolicy
 from ..core.settings import SEED_LIMIT, GenerationPlan
-from ..core.spans import ModelRole
+from ..core.spans import FinishReason, ModelRole
 from ..core.transcript import BackendUsage, Fed, Transcript
 from .endpoint import CompletionStream, Endpoint, EndpointError, refused_stop_limit, refuses_token_prompts
 
@@ -175,25 +175,27 @@ class RemoteSession:
         self.batches: Any = None
         self.writer: ModelRole | None = None
         self.received = 0
+        # What the servers re-read for the requests sent since the last step (model, sequence [start, end)).
+        self.passes: list[tuple[ModelRole, int, int]] = []
 
-    def next_tokens(self, writer: ModelRole) -> list[int]:
+    def next_tokens(self, writer: ModelRole) -> Step:
         if self.stream is None:
             self._open(writer)
         batch = next(self.batches, None)
+        passes, self.passes = self.passes, []
         if batch is None:
-            self._request_ended()
-            return []
-        return batch
+            return Step(passes=passes, end=self._request_ended())
+        return Step(batch, passes)
 
     def after_feed(self, fed: Fed) -> None:
         self.received += fed.pushed
         if fed.decision.action != "continue" and self.stream is not None:
             self._close_request()  # the rest of this request was written for the previous writer
 
-    def verify(self) -> None:
+    def verify(self) -> Step:
         """Verified relay over endpoints: the large server scores the sequence up to the end of the small run
-        (``prompt_logprobs``, one request), and the transcript is cut at the first small token the rule rejects. The
-        large model's own token there is what its next request writes first (sampled by the server)."""
+        (``prompt_logprobs``, one request), and the rule finds the first small token it rejects. The large model's
+        own token there is what its next request writes first (sampled by the server)."""
         transcript = self.transcript
         rule = transcript.verify
         assert rule is not None
@@ -205,14 +207,16 @@ class RemoteSession:
         scores = endpoint.score(scored, transcript.prompt_len + start)
         if scores is None:
             raise BackendCapabilityError("remote", "verify the small model's tokens", _NO_SCORES)
-        # vLLM reads no prefix cache for a request with prompt_logprobs: it re-reads the whole sequence.
-        transcript.account_forward("large", 0, len(scored))
         self.requests += 1
         self.known["large"] = len(scored)
-        if transcript.settle_run(rule.first_rejected_scores(scores)) is None:
-            return
-        for role, known in self.known.items():  # what each server cached beyond the cut is no longer the sequence
-            self.known[role] = min(known, len(transcript.ids))
+        rejected = rule.first_rejected_scores(scores)
+        if rejected is not None:
+            kept = transcript.prompt_len + start + rejected
+            for role, known in self.known.items():  # what each server cached beyond the cut is no longer the sequence
+                self.known[role] = min(known, kept)
+        # vLLM reads no prefix cache for a request with prompt_logprobs: it re-reads the whole sequence.
+        passes, self.passes = [*self.passes, ("large", 0, len(scored))], []
+        return Step(passes=passes, rejected=rejected)
 
     def close(self, failed: bool) -> None:
         if self.stream is not None:
@@ -254,7 +258,7 @@ class RemoteSession:
         # The server re-reads the whole sequence; what it processed in an earlier request its prefix cache reuses.
         reused = min(self.known[writer], len(transcript.ids))
         self.reused += reused
-        transcript.account_forward(writer, reused, len(transcript.ids))
+        self.passes.append((writer, reused, len(transcript.ids)))
 
         def as_text() -> str:
             return text_prompt(self.tokenizer, transcript.ids, endpoint.completions_url)
@@ -274,26 +278,26 @@ class RemoteSession:
         self.stream.close()
         self.stream = self.batches = None
 
-    def _request_ended(self) -> None:
-        """The server finished a request the policy did not end: why decides whether the generation goes on."""
+    def _request_ended(self) -> FinishReason | None:
+        """The server finished a request the policy did not end: why decides whether the generation goes on (None)
+        or ends, and how."""
         stream = self.stream
         assert stream is not None
         model_ended, stream_finish, received = stream.model_ended, stream.finish_reason, self.received
         self._close_request()
         if model_ended:
-            self.transcript.end("stop")
-        elif received == 0 and stream_finish is None:
+            return "stop"
+        if received == 0 and stream_finish is None:
             raise EndpointError(stream.endpoint.completions_url, "ended the stream without a token or a finish_reason")
-        elif received == 0:
+        if received == 0:
             # Nothing written: after a stop whose restored text was only whitespace the model writes it again;
             # anything else (e.g. a full context on the server), or twice in a row, ends at "length".
             self.idle_requests += 1
-            if stream_finish != "stop" or self.idle_requests > 1:
-                self.transcript.end("length")
-        else:
-            self.idle_requests = 0
+            return "length" if stream_finish != "stop" or self.idle_requests > 1 else None
+        self.idle_requests = 0
         # Otherwise a server-side stop the policy did not act on, or a look-ahead still missing: the same model
         # continues with a new request from the ids so far.
+        return None
 
 
 def endpoint_eos_ids(tokenizer: PreTrainedTokenizerBase, reference: str | None) -> frozenset[int]:
