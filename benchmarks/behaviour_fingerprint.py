@@ -2,8 +2,10 @@
 
 For the demo pair, greedy, on GSM8K test_dev problems: the text, the token ids, the spans and every usage field that
 is not a time, for relay, relay with speculation, the large model with speculation, verified relay (the pair's
-shipped rule) and a stop-sequence case. It uses the public API only (``RelayEngine``), so the same file runs on a
-commit before a refactor and on one after it; two outputs that differ name the first field that differs.
+shipped rule), a stop-sequence case and a tool turn under the grammar (LangChain's ``bind_tools``: the call, its
+arguments and the relay metadata). It uses the public API only (``RelayEngine``, ``RelayChatModel``), so the same
+file runs on a commit before a refactor and on one after it; two outputs that differ name the first field that
+differs.
 
     .venv/bin/python benchmarks/behaviour_fingerprint.py --out before.json          # on the old commit
     .venv/bin/python benchmarks/behaviour_fingerprint.py --out after.json --compare before.json
@@ -30,7 +32,28 @@ CASES: dict[str, dict[str, Any]] = {
     "large-spec": {"mode": "large", "speculative": True, "verify": False},
     "relay+verify": {"mode": "relay", "speculative": False, "verify": None},  # None: the engine's shipped rule
     "stop": {"mode": "relay", "speculative": False, "verify": False, "stop": ["So "]},
+    "tool": {"mode": "relay", "speculative": True, "verify": None},  # through LangChain, with a tool to call
 }
+
+
+def add(a: float, b: float) -> float:
+    """Adds two numbers.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    return a + b
+
+
+def tool_turn(engine: RelayEngine, question: str, settings: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:
+    """One tool turn under the grammar (``constrain`` on by default): the model must call ``add``."""
+    from relaygen_integrations.langchain import RelayChatModel
+
+    model = RelayChatModel(engine=engine, max_new_tokens=max_new_tokens, **settings)
+    message = model.bind_tools([add], tool_choice="add").invoke(question)
+    return {"text": message.content, "tool_calls": [{k: call[k] for k in ("name", "args")} for call in
+            message.tool_calls], "relaygen": _timeless(message.response_metadata.get("relaygen"))}  # fmt: skip
 
 
 def _timeless(value: Any) -> Any:
@@ -50,6 +73,10 @@ def fingerprint(engine: RelayEngine, problems: list[dict[str, Any]], max_new_tok
     runs: dict[str, Any] = {}
     for number, problem in enumerate(problems, start=1):
         for name, settings in CASES.items():
+            if name == "tool":
+                runs[f"{number}/{name}"] = tool_turn(engine, problem["question"], settings, max_new_tokens)
+                print(f"problem {number} {name}: {runs[f'{number}/{name}']['tool_calls']}", flush=True)
+                continue
             result = engine.generate(math_messages(problem["question"]), max_new_tokens=max_new_tokens, **settings)
             runs[f"{number}/{name}"] = {
                 "text": result.text,
