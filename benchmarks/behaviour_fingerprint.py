@@ -62,7 +62,7 @@ def _timeless(value: Any) -> Any:
         return {
             k: _timeless(v)
             for k, v in value.items()
-            if not any(word in k for word in ("seconds", "time", "elapsed", "per_second", "duration"))
+            if not any(word in str(k) for word in ("seconds", "time", "elapsed", "per_second", "duration"))
         }
     if isinstance(value, list):
         return [_timeless(v) for v in value]

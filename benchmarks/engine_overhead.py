@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relaygen_integrations import RelayEngine
-from relaygen_integrations.engine.local.runner import ModelRunner, forward_tokens
+from relaygen_integrations.engine.local.runner import ModelRunner
 from relaygen_integrations.prompts import load_gsm8k, math_messages
 
 console = Console()
@@ -78,8 +78,8 @@ def main() -> None:
         samples = []
         for _ in range(args.reps + 2):
             runner.reset()
-            forward_tokens(runner, context)
-            samples.append(timed(lambda k=k: forward_tokens(runner, context[:k]))[0])
+            runner.forward_tokens(context)
+            samples.append(timed(lambda k=k: runner.forward_tokens(context[:k]))[0])
         catchup[k] = statistics.median(samples)
     decode = catchup[1]
 

@@ -124,18 +124,8 @@ class ModelRunner:
         self.prompt_len = len(prompt_ids)
         if self.draft_head is not None:
             self.draft_head.begin_request(prompt_ids)
-        keep = 0
-        if reuse_prefix and self.cache is not None:
-            limit = min(len(self.cached_ids), len(prompt_ids) - 1)
-            while keep < limit and self.cached_ids[keep] == prompt_ids[keep]:
-                keep += 1
-        if keep == 0:
-            self.reset()
-            return
-        if keep < len(self.cached_ids):
-            rewind(self.cache, keep)  # type: ignore[arg-type]
-            del self.cached_ids[keep:]
-            self.last_logits = self.last_hidden = None
+        keep = self._shared_prefix(prompt_ids) if reuse_prefix and self.cache is not None else 0
+        self._keep(keep)
         self.stats.reused_tokens = keep
 
     def logits_for(self, ids: list[int], kind: str = "decode") -> torch.Tensor:
@@ -144,14 +134,13 @@ class ModelRunner:
         seen = len(self.cached_ids)
         if seen == len(ids) and self.last_logits is None and self.last_hidden is not None:
             # The last pass scored a draft over a reduced vocabulary: project its hidden state onto the whole one.
-            self.last_logits = project(self, self.last_hidden)
+            self.last_logits = self.project(self.last_hidden)
         if seen == len(ids) and self.last_logits is not None:
             return self.last_logits
-        if seen >= len(ids):
-            raise RuntimeError(f"{self.role} runner holds {seen} tokens but the sequence has only {len(ids)}")
+        self._check_unseen(ids)
         self._account(seen, len(ids))
         self.last_logits, self.last_hidden = (
-            forward_tokens(self, ids[seen:], kind=self._kind(seen, len(ids), kind)),
+            self.forward_tokens(ids[seen:], kind=self._kind(seen, len(ids), kind)),
             None,
         )
         return self.last_logits
@@ -170,8 +159,7 @@ class ModelRunner:
             return self.logits_for(ids, kind="draft")
         if seen == len(ids) and self.last_hidden is not None:
             return self.draft_head.logits(self.last_hidden)[0]
-        if seen >= len(ids):
-            raise RuntimeError(f"{self.role} runner holds {seen} tokens but the sequence has only {len(ids)}")
+        self._check_unseen(ids)
         self._account(seen, len(ids))
         return self._draft_pass(ids[seen:], self._kind(seen, len(ids), "draft"))
 
@@ -181,12 +169,12 @@ class ModelRunner:
         self.stats.forward_passes += 1
         if self.draft_head is not None:
             return self._draft_pass([token], "draft")
-        self.last_logits, self.last_hidden = forward_tokens(self, [token], kind="draft"), None
+        self.last_logits, self.last_hidden = self.forward_tokens([token], kind="draft"), None
         return self.last_logits
 
     def _draft_pass(self, new_ids: list[int], kind: str) -> torch.Tensor:
         assert self.draft_head is not None
-        self.last_hidden, self.last_logits = forward_hidden(self, new_ids, kind), None
+        self.last_hidden, self.last_logits = self.forward_hidden(new_ids, kind), None
         started = time.perf_counter()
         logits = self.draft_head.logits(self.last_hidden)[0]
         self.stats.add_seconds(kind, time.perf_counter() - started, len(new_ids))  # the output layer is in the pass
@@ -202,7 +190,7 @@ class ModelRunner:
         self._account(seen, len(ids))
         self.stats.verified_tokens += len(draft)
         kind = "prefill" if seen < self.prompt_len else kind  # a first round also reads the prompt
-        logits = forward_tokens(self, ids[seen:] + draft, keep=len(draft) + 1, kind=kind)
+        logits = self.forward_tokens(ids[seen:] + draft, keep=len(draft) + 1, kind=kind)
         logits = logits.reshape(len(draft) + 1, -1)
         self.last_logits, self.last_hidden = logits[-1], None
         return logits
@@ -215,89 +203,102 @@ class ModelRunner:
         seen = len(self.cached_ids)
         self._account(seen, len(ids))
         keep = len(ids) - start + 1
-        rows = forward_tokens(self, ids[seen:], keep=keep, kind="verify_sentences").reshape(keep, -1)
+        rows = self.forward_tokens(ids[seen:], keep=keep, kind="verify_sentences").reshape(keep, -1)
         self.last_logits, self.last_hidden = rows[-1], None
         return rows
 
     def sync_to(self, ids: list[int]) -> None:
         """Crops the cache to its longest prefix shared with ``ids`` — dropping rejected or discarded draft tokens —
         and at most ``len(ids) - 1`` tokens, so the next call has a token to forward and fresh logits."""
+        keep = self._shared_prefix(ids)
+        if keep < len(self.cached_ids):
+            self._keep(keep)
+
+    def _shared_prefix(self, ids: list[int]) -> int:
+        """How many leading cached ids ``ids`` shares, at most ``len(ids) - 1``: one token is always left to
+        forward, so the next pass has fresh logits to sample from."""
         keep = 0
         limit = min(len(self.cached_ids), len(ids) - 1)
         while keep < limit and self.cached_ids[keep] == ids[keep]:
             keep += 1
-        if keep < len(self.cached_ids):
-            if keep == 0:
-                self.reset()
-                return
+        return keep
+
+    def _keep(self, keep: int) -> None:
+        """Crops the cache to its first ``keep`` ids (all of it gone: a reset)."""
+        if keep == 0:
+            self.reset()
+        elif keep < len(self.cached_ids):
             rewind(self.cache, keep)  # type: ignore[arg-type]
             del self.cached_ids[keep:]
             self.last_logits = self.last_hidden = None
+
+    def _check_unseen(self, ids: list[int]) -> None:
+        """A pass needs a token of ``ids`` this runner has not seen (what it holds answered the rest already): a
+        sequence no longer than its cache is another request's, or a caller's mistake."""
+        if len(self.cached_ids) >= len(ids):
+            raise RuntimeError(f"{self.role} runner holds {len(self.cached_ids)} tokens but the sequence has only "
+                               f"{len(ids)}")  # fmt: skip
 
     def _account(self, seen: int, total: int) -> None:
         self.stats.forward_passes += 1
         if self.on_forward is not None:
             self.on_forward(seen, total)
 
+    @torch.inference_mode()
+    def forward_tokens(self, new_ids: list[int], keep: int = 1, kind: str = "decode") -> torch.Tensor:
+        """One forward pass over ``new_ids`` appended to the runner's cache; returns the last position's logits (1-D),
+        or with ``keep > 1`` the last ``keep`` positions' logits (2-D, one row per position).
 
-@torch.inference_mode()
-def forward_tokens(runner: ModelRunner, new_ids: list[int], keep: int = 1, kind: str = "decode") -> torch.Tensor:
-    """One forward pass over ``new_ids`` appended to the runner's cache; returns the last position's logits (1-D),
-    or with ``keep > 1`` the last ``keep`` positions' logits (2-D, one row per position).
+        ``logits_to_keep`` matters: a 32-token catch-up would otherwise project all 32 positions onto a 152k vocab.
+        """
+        input_ids, kwargs = self._pass_inputs(new_ids)
+        forward: Callable[..., object] = self.model
+        compiled = self.decode_step is not None and len(new_ids) == 1 and keep == 1
+        if compiled:
+            forward = self.decode_step  # type: ignore[assignment]
+            self.stats.compiled_steps += 1
+        started = time.perf_counter()
+        with wide_pass(self.wide_rows, len(new_ids)):
+            output = forward(input_ids=input_ids, use_cache=True, logits_to_keep=keep, **kwargs)
+        rows = output.logits[0]  # type: ignore[attr-defined]
+        logits = rows[-1].float() if keep == 1 else rows[-keep:].float()
+        if compiled:
+            logits = logits.clone()  # a CUDA graph's outputs are overwritten by its next replay
+        self._finish_pass(new_ids, started, logits, kind)
+        return logits
 
-    ``logits_to_keep`` matters: a 32-token catch-up would otherwise project all 32 positions onto a 152k vocab.
-    """
-    input_ids, kwargs = _pass_inputs(runner, new_ids)
-    forward: Callable[..., object] = runner.model
-    compiled = runner.decode_step is not None and len(new_ids) == 1 and keep == 1
-    if compiled:
-        forward = runner.decode_step  # type: ignore[assignment]
-        runner.stats.compiled_steps += 1
-    started = time.perf_counter()
-    with wide_pass(runner.wide_rows, len(new_ids)):
-        output = forward(input_ids=input_ids, use_cache=True, logits_to_keep=keep, **kwargs)
-    logits = output.logits[0, -1].float() if keep == 1 else output.logits[0, -keep:].float()  # type: ignore[attr-defined]
-    if compiled:
-        logits = logits.clone()  # a CUDA graph's outputs are overwritten by its next replay
-    _finish_pass(runner, new_ids, started, logits, kind)
-    return logits
+    @torch.inference_mode()
+    def forward_hidden(self, new_ids: list[int], kind: str = "draft") -> torch.Tensor:
+        """:meth:`forward_tokens` without the output layer: the last position's final hidden state, ``(1, hidden)``,
+        for a draft head to score (the model's body runs eagerly: a compiled step includes the full projection)."""
+        input_ids, kwargs = self._pass_inputs(new_ids)
+        started = time.perf_counter()
+        with wide_pass(self.wide_rows, len(new_ids)):
+            output = self.model.base_model(input_ids=input_ids, use_cache=True, **kwargs)
+        hidden = output.last_hidden_state[0, -1:]  # type: ignore[attr-defined]
+        self._finish_pass(new_ids, started, hidden, kind)
+        return hidden
 
+    @torch.inference_mode()
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The full next-token logits (1-D, float32) from a final hidden state, as the model's own forward computes."""
+        return self.model.get_output_embeddings()(hidden[None])[0, -1].float()
 
-@torch.inference_mode()
-def forward_hidden(runner: ModelRunner, new_ids: list[int], kind: str = "draft") -> torch.Tensor:
-    """:func:`forward_tokens` without the output layer: the last position's final hidden state, ``(1, hidden)``,
-    for a draft head to score (the model's body runs eagerly: a compiled step includes the full projection)."""
-    input_ids, kwargs = _pass_inputs(runner, new_ids)
-    started = time.perf_counter()
-    with wide_pass(runner.wide_rows, len(new_ids)):
-        output = runner.model.base_model(input_ids=input_ids, use_cache=True, **kwargs)
-    hidden = output.last_hidden_state[0, -1:]  # type: ignore[attr-defined]
-    _finish_pass(runner, new_ids, started, hidden, kind)
-    return hidden
+    def _pass_inputs(self, new_ids: list[int]) -> tuple[torch.Tensor, dict[str, object]]:
+        seen = len(self.cached_ids)
+        needed = max(seen + len(new_ids), self.reserved)
+        self.cache = ensure_cache(self.cache, self.model, self.options, needed, seen)
+        input_ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)
+        kwargs: dict[str, object] = {self.cache_kwarg: self.cache}
+        if self.options.static:
+            # Positions are explicit: a rewound static cache still holds stale slots, which only positions can mask.
+            kwargs["position_ids"] = torch.arange(seen, seen + len(new_ids), device=self.device)[None]
+        return input_ids, kwargs
 
-
-@torch.inference_mode()
-def project(runner: ModelRunner, hidden: torch.Tensor) -> torch.Tensor:
-    """The full next-token logits (1-D, float32) from a final hidden state: what the model's own forward computes."""
-    return runner.model.get_output_embeddings()(hidden[None])[0, -1].float()
-
-
-def _pass_inputs(runner: ModelRunner, new_ids: list[int]) -> tuple[torch.Tensor, dict[str, object]]:
-    seen = len(runner.cached_ids)
-    needed = max(seen + len(new_ids), runner.reserved)
-    runner.cache = ensure_cache(runner.cache, runner.model, runner.options, needed, seen)
-    input_ids = torch.tensor([new_ids], dtype=torch.long, device=runner.device)
-    kwargs: dict[str, object] = {runner.cache_kwarg: runner.cache}
-    if runner.options.static:
-        # Positions are explicit: a rewound static cache still holds stale slots, which only positions can mask.
-        kwargs["position_ids"] = torch.arange(seen, seen + len(new_ids), device=runner.device)[None]
-    return input_ids, kwargs
-
-
-def _finish_pass(runner: ModelRunner, new_ids: list[int], started: float, result: torch.Tensor, kind: str) -> None:
-    if result.device.type == "cuda":
-        # Kernels run asynchronously; the sampler would wait for them right after anyway, so timing here costs nothing.
-        torch.cuda.synchronize(result.device)
-    runner.stats.add_seconds(kind, time.perf_counter() - started, len(new_ids))
-    runner.stats.passes[len(new_ids)] = runner.stats.passes.get(len(new_ids), 0) + 1
-    runner.cached_ids.extend(new_ids)
+    def _finish_pass(self, new_ids: list[int], started: float, result: torch.Tensor, kind: str) -> None:
+        if result.device.type == "cuda":
+            # Kernels run asynchronously; the sampler would wait for them right after anyway: timing here costs nothing.
+            torch.cuda.synchronize(result.device)
+        self.stats.add_seconds(kind, time.perf_counter() - started, len(new_ids))
+        self.stats.passes[len(new_ids)] = self.stats.passes.get(len(new_ids), 0) + 1
+        self.cached_ids.extend(new_ids)
