@@ -121,17 +121,22 @@ def main() -> None:
     parser.add_argument("--compare", type=Path, help="a fingerprint to compare with (exit 1 when they differ)")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated names of the cases to run")
     parser.add_argument("--stop", help="the stop case's stop sequences, separated by '|' (default: 'So ')")
+    more = "switch cues for every case (a preset such as 'generic'); default: the engine's, which may not fire early"
+    parser.add_argument("--cues", help=more)
     args = parser.parse_args()
     if args.stop:
         CASES["stop"]["stop"] = args.stop.split("|")
     for name in set(CASES) - set(args.cases.split(",")):
         del CASES[name]
+    if args.cues:
+        for settings in CASES.values():
+            settings["cues"] = args.cues
     engine = RelayEngine.from_pretrained(dtype=args.dtype, draft_vocab=32768)
     runs = fingerprint(engine, load_gsm8k(args.data)[: args.problems], args.max_new_tokens)
     report = {"machine": platform.processor() or platform.machine(), "dtype": args.dtype, "runs": runs}
     args.out.write_text(json.dumps(report, indent=1))
     if args.compare:
-        difference = first_difference(json.loads(args.compare.read_text())["runs"], runs)
+        difference = first_difference(json.loads(args.compare.read_text())["runs"], json.loads(json.dumps(runs)))
         print("identical" if difference is None else f"differs at {difference}")
         raise SystemExit(0 if difference is None else 1)
 
