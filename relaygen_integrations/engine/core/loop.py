@@ -44,8 +44,7 @@ def record(transcript: Transcript, step: Step) -> None:
 def settle(transcript: Transcript, verdict: Step) -> None:
     """Verified relay's verdict: the passes that scored the run, the run kept or cut, then the large model's log
     probability at the cut (noted for the kept sequence)."""
-    for role, start, end in verdict.passes:
-        transcript.account_forward(role, start, end)
+    record(transcript, Step(passes=verdict.passes))
     transcript.settle_run(verdict.rejected)
     record(transcript, Step(logprobs=verdict.logprobs, end=verdict.end))
 
