@@ -149,7 +149,11 @@ class RowScaledInt8Linear(DynamicQuantizedLinear):
       widens every other row's step, so a token's output depends on its neighbours in the pass (a random 256x256
       layer: an outlier row made the other row's error 44x larger, 1.29 vs 0.029). Each row is divided by its own
       absolute maximum first and the output rows multiplied back (the layer is linear; the bias is taken out and put
-      back): a k-position pass computes what k one-token steps compute, up to float rounding.
+      back), and the scaled rows are quantized with one fixed step (1/127 of [-1, 1]) instead of a step from the
+      pass's own min/max: a k-position pass computes exactly, bit for bit, what k one-token steps compute. That is
+      what makes a request's answer independent of its cache: a reused prompt prefix leaves a one-token pass where a
+      cold request ran the whole prompt in one, and with the per-pass step greedy decoding took another path there
+      (LangChain's json-mode test: the same request gave a complete JSON object cold and ran out of tokens warm).
     - 7-bit activations (``reduce_range=True``, fbgemm's guard against int16 saturation in AVX2's u8 x s8 pair
       sums): full range here. The rows arrive scaled to [-1, 1], and the measured error is what 8 bits give, with
       the AVX2 kernels forced as well.
@@ -166,7 +170,12 @@ class RowScaledInt8Linear(DynamicQuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
-        y = torch.ops.quantized.linear_dynamic(x / scale, self._packed_params._packed_params, self.reduce_range)
+        # The scaled rows lie in [-1, 1]: one fixed quantization step for every pass, not one from each pass's own
+        # min/max, so a row's integers do not depend on the other rows in its pass.
+        levels = 63 if self.reduce_range else 127
+        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            x / scale, 1.0 / levels, levels + 1, self._packed_params._packed_params
+        )
         bias = self.float_bias
         return y * scale if bias is None else (y - bias) * scale + bias
 
