@@ -183,3 +183,20 @@ def test_only_the_loop_writes_the_transcript() -> None:
                     if node.func.attr in TRANSCRIPT_WRITERS and ("transcript" in target or "logprobs" in target):
                         found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {target}.{node.func.attr}")
     assert found == []
+
+
+def test_one_reader_of_a_pairs_shipped_profile() -> None:
+    """What a pair ships is asked of one object (``engine/core/shipped.py``, the file parsed once): no other module
+    finds the profiles folder or reads a pair's profile file itself."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "shipped.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value == "profiles":
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: the profiles folder")
+            # `relaygen tune --profile-from` writes the file: only the CLI needs its path.
+            names_the_path = isinstance(node, ast.Call) and ast.unparse(node.func).endswith("shipped_profile_path")
+            if names_the_path and path.parent.name != "cli":
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []

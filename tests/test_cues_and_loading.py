@@ -10,6 +10,7 @@ import pytest
 from relaygen_integrations.engine import CueConfigError, TokenizerMismatchError, resolve_cues
 from relaygen_integrations.engine.core.cues import GENERIC_CUES, QWEN3_CUES, R1_CUES, cue_core, has_left_boundary
 from relaygen_integrations.engine.core.pairs import check_tokenizers_match
+from relaygen_integrations.engine.core.shipped import ShippedProfile, shipped_profile, shipped_profile_path
 from relaygen_integrations.engine.local.weights import pick_dtype
 
 
@@ -26,6 +27,23 @@ def test_profile_file_is_loaded(tmp_path):
     profile = tmp_path / "pair.json"
     profile.write_text(json.dumps({"selected_cues": ["Therefore", "So,"], "table": []}))
     assert resolve_cues(str(profile)).cues == ("Therefore", "So,")
+
+
+def test_a_shipped_profile_is_read_once_and_read_only():
+    # Every reader (configuration, cues, tuner, bench) gets the same parsed object: none can change what another
+    # reads, and the demo pair's cues, settings and tuning entry are the file's.
+    profile = shipped_profile("demo")
+    assert profile is shipped_profile("demo") and shipped_profile("no-such-pair") is None
+    on_disk = json.loads(shipped_profile_path("demo").read_text(encoding="utf-8"))
+    assert resolve_cues("auto", pair_name="demo").cues == tuple(on_disk["selected_cues"])
+    assert resolve_cues("all-candidates", pair_name="demo").cues == tuple(on_disk["candidates"])
+    assert profile.setting("mode", "mode") == on_disk["mode"]["mode"]
+    assert dict(profile.tuning)["modes"].keys() == on_disk["tuning"]["modes"].keys()
+    with pytest.raises(TypeError):
+        profile.data["mode"]["mode"] = "small"  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        profile.data["selected_cues"].append("Hence")  # type: ignore[union-attr]
+    assert ShippedProfile.read(shipped_profile_path("demo")).data == profile.data
 
 
 @pytest.mark.parametrize(

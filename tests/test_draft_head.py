@@ -207,9 +207,9 @@ def test_the_demo_pair_ships_the_draft_vocabulary_its_benchmark_chose():
     from pathlib import Path
 
     from relaygen_integrations.engine.core.configuration import PairConfiguration
-    from relaygen_integrations.engine.core.cues import shipped_profile
+    from relaygen_integrations.engine.core.shipped import shipped_profile
 
-    profile = json.loads(shipped_profile("demo").read_text(encoding="utf-8"))
+    profile = shipped_profile("demo").data
     benchmark = profile["draft_vocab"]["benchmark"]
     assert benchmark.startswith("benchmarks/data/")  # where the choice is measured
     results = json.loads((Path(__file__).resolve().parents[1] / benchmark / "results.json").read_text(encoding="utf-8"))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from relaygen_integrations.engine.core.configuration import PairConfiguration
-from relaygen_integrations.engine.core.cues import shipped_profile
+from relaygen_integrations.engine.core.shipped import shipped_profile
 from relaygen_integrations.tune.candidates import MAX_LOST_PROBLEMS, ProfiledMode, expand
 from relaygen_integrations.tune.choose import choose
 from relaygen_integrations.tune.configuration import configuration_for, configure_pair
@@ -31,7 +31,7 @@ from relaygen_integrations.tune.tuner import CPU_PLAN, cache_path, default_plan,
 from relaygen_integrations.tune.work import reconstruct_passes, run_passes, work_from_runs
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
-PROFILE = json.loads(shipped_profile("demo").read_text(encoding="utf-8"))  # type: ignore[union-attr]
+PROFILE = shipped_profile("demo").data  # type: ignore[union-attr]
 MODES = profiled_modes(PROFILE)
 
 

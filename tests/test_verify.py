@@ -15,7 +15,7 @@ from helpers import PROMPT, scripted_engine, tiny_qwen2
 from relaygen_integrations import FinalEvent, RelayEngine, SwitchEvent, TextEvent
 from relaygen_integrations.engine import GenerationError, SettingsError, merge_settings
 from relaygen_integrations.engine.core.configuration import PairConfiguration
-from relaygen_integrations.engine.core.cues import shipped_profile
+from relaygen_integrations.engine.core.shipped import shipped_profile
 from relaygen_integrations.engine.core.verify import VerifyRule
 
 REPO = Path(__file__).resolve().parents[1]  # the benchmark data the shipped profile cites
@@ -199,7 +199,7 @@ def test_the_demo_pair_ships_the_rule_its_benchmark_chose():
     """The rule the demo pair gets is read from its benchmark's results, not from the profile that names it: of the
     rules the benchmark ran, the one run on every problem the large model ran that solves as many (the others lost
     problems and were stopped early, docs/benchmarks.md#verified-relay)."""
-    profile = json.loads(shipped_profile("demo").read_text(encoding="utf-8"))
+    profile = shipped_profile("demo").data
     benchmark = profile["verify"]["benchmark"]
     assert benchmark.startswith("benchmarks/data/")  # where the choice is measured
     summary = json.loads((REPO / benchmark / "results.json").read_text(encoding="utf-8"))["summary"]

@@ -222,11 +222,13 @@ def test_auto_takes_the_formats_and_speculation_a_known_pair_ships(monkeypatch, 
     from relaygen_integrations.engine.core import configuration
     from relaygen_integrations.engine.core.configuration import PairConfiguration, pair_formats
     from relaygen_integrations.engine.core.pairs import known_pair
+    from relaygen_integrations.engine.core.shipped import ShippedProfile
 
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps({"dtype": {"cpu": "bf16/int8", "cuda": "bf16", "benchmark": "x"},
                                    "speculative": {"draft": True}, "mode": {"mode": "nonsense"}}))  # fmt: skip
-    monkeypatch.setattr(configuration, "shipped_profile", lambda pair: profile if pair == "demo" else None)
+    shipped = ShippedProfile.read(profile)
+    monkeypatch.setattr(configuration, "shipped_profile", lambda pair: shipped if pair == "demo" else None)
     assert known_pair("demo", "demo:small") == "demo" and known_pair("demo", "/some/dir") is None
     assert pair_formats("demo", "cpu", "auto") == "bf16/int8"
     assert pair_formats("demo", "cuda", "auto") == "bf16"

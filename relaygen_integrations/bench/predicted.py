@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ..engine.core.cues import shipped_profile
 from ..engine.core.pairs import known_pair
+from ..engine.core.shipped import shipped_profile
 from ..tune.candidates import split_mode
 from ..tune.cost_model import seconds_per_token
 from ..tune.costs import PassCostTable
@@ -56,11 +56,10 @@ def auto_modes(large: str, small: str) -> list[str]:
     from ..tune.tuner import tune_pair
 
     pair = known_pair(large, small)
-    profile_path = shipped_profile(pair)
-    if pair is None or profile_path is None:
+    profile = shipped_profile(pair)
+    if pair is None or profile is None:
         raise ValueError("--modes auto needs a known pair with a profile (e.g. demo)")
-    profile = json.loads(profile_path.read_text(encoding="utf-8"))
-    choice = tune_pair(pair, profile, _device()).choice
+    choice = tune_pair(pair, profile.data, _device()).choice
     picked: list[str] = []
     for priced in choice.ranked:
         candidate = priced.candidate

@@ -42,16 +42,17 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _profile_path(args: argparse.Namespace) -> Path:
-    from ..engine.core.cues import shipped_profile
+    from ..engine.core.shipped import shipped_profile_path
 
-    path = args.profile or shipped_profile(args.pair)
+    path = args.profile or shipped_profile_path(args.pair)
     if path is None:
         raise SystemExit(f"no shipped profile for pair {args.pair!r}: pass --profile")
     return Path(path)
 
 
 def _write_profile(args: argparse.Namespace, console: Console) -> int:
-    from ..tune.profile import TUNING_KEY, modes_from_results, tuning_entry
+    from ..engine.core.shipped import TUNING_KEY
+    from ..tune.profile import modes_from_results, tuning_entry
 
     sources: list[tuple[Path, list[str] | None]] = []
     for spec in args.profile_from:
@@ -129,6 +130,7 @@ def explain_observed(table: Any, observed: Any, console: Console) -> None:
 def run_tune(args: argparse.Namespace) -> int:
     import torch
 
+    from ..engine.core.shipped import ShippedProfile
     from ..engine.local.loading import pick_device
     from ..tune.choose import choose
     from ..tune.configuration import configuration_for
@@ -143,7 +145,7 @@ def run_tune(args: argparse.Namespace) -> int:
         return _write_profile(args, console)
     if args.reference is not None:
         raise SystemExit("--reference only applies with --profile-from")
-    profile = json.loads(_profile_path(args).read_text(encoding="utf-8"))
+    profile = ShippedProfile.read(_profile_path(args)).data
     if args.costs is not None:
         table, observed = PassCostTable.load(args.costs), read_observed(args.costs)
         choice = choose(profiled_modes(profile), corrected_table(table, observed))

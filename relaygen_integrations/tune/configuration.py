@@ -8,7 +8,6 @@ most a minute, cached), later it reads the cache. A failure to tune falls back t
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import torch
 
 from ..engine.core.configuration import PairConfiguration, explicit_settings
-from ..engine.core.cues import shipped_profile
+from ..engine.core.shipped import shipped_profile
 from .candidates import LOOKUP_SUFFIX, Candidate, split_mode
 from .observed import CostRecorder
 
@@ -70,12 +69,11 @@ def configure_pair(
     shipped = PairConfiguration.shipped(pair_name, device.type)
     if pair_name is None or shipped.source != "profile" or explicit_settings(explicit) or not tuning_enabled():
         return shipped.override(explicit)
-    path = shipped_profile(pair_name)
-    profile = json.loads(path.read_text(encoding="utf-8")) if path is not None else {}
-    if "tuning" not in profile:
+    profile = shipped_profile(pair_name)
+    if profile is None or profile.tuning is None:
         return shipped
     try:
-        tuned = tune_pair(pair_name, profile, device, show_progress=show_progress)
+        tuned = tune_pair(pair_name, profile.data, device, show_progress=show_progress)
     except (ValueError, OSError, RuntimeError) as exc:
         logger.warning("tuning %s on this machine failed (%s); running the profile's configuration", pair_name, exc)
         return shipped

@@ -22,11 +22,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..engine.core.shipped import TUNING_KEY
 from ..engine.local.cpu import kernel_flags
 from .candidates import Evidence, ProfiledMode, join_mode, split_mode
 from .work import work_from_runs
 
-TUNING_KEY = "tuning"
 REFERENCE_OPTION = "--reference"
 # What decides the greedy text of ``large`` besides the model: the problems, how long an answer may run, sampling.
 REFERENCE_CONFIG_KEYS = ("data", "max_new_tokens", "temperature")

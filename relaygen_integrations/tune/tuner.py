@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,7 +154,7 @@ def measure_with_progress(
 
 def tune_pair(
     pair: str,
-    profile: dict[str, Any],
+    profile: Mapping[str, Any],
     device: torch.device,
     *,
     refresh: bool = False,

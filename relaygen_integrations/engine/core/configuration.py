@@ -16,13 +16,12 @@ from exactly one of three places (``source``):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .cues import shipped_profile
+from .shipped import shipped_profile
 from .spans import MODES
 
 SETTINGS = ("mode", "speculative", "verify", "dtype", "draft_vocab", "prompt_lookup")
@@ -52,15 +51,10 @@ class PairConfiguration(BaseModel):
     def shipped(cls, pair_name: str | None, device_type: str = "cpu") -> PairConfiguration:
         """The pair's profile entries, read once (module docstring); generic defaults without a profile. An entry
         that names nothing valid is ignored (its setting keeps the generic default), not passed on."""
-        path = shipped_profile(pair_name)
-        if path is None:
+        profile = shipped_profile(pair_name)
+        if profile is None:
             return cls()
-        profile = json.loads(path.read_text(encoding="utf-8"))
-
-        def value(key: str, field: str) -> Any:
-            entry = profile.get(key)
-            return entry.get(field) if isinstance(entry, Mapping) else entry
-
+        value = profile.setting
         mode, speculative, verify = value("mode", "mode"), value("speculative", "draft"), value("verify", "rule")
         dtype, draft_vocab = value("dtype", device_type), value("draft_vocab", "size")
         return cls(

@@ -8,9 +8,11 @@ inside "Know" (left boundary) nor "Nowhere" (right boundary, which is only known
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
+
+from .shipped import shipped_profile
 
 # RelayGen's candidate list (paper's calibration candidates; jiwonsong-dev/RelayGen utils/utils.py DEFAULT_CUE_TOKENS).
 PAPER_CANDIDATES: tuple[str, ...] = (
@@ -123,19 +125,16 @@ def load_profile(path: str | Path, key: str = "selected_cues") -> CueSet:
         raise CueConfigError(f"cue profile {path} does not exist") from exc
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CueConfigError(f"cue profile {path} is unreadable or not JSON: {exc}") from exc
-    fallback = data.get("cues") if isinstance(data, dict) and key == "selected_cues" else None
-    cues = data.get(key, fallback) if isinstance(data, dict) else None
-    if not isinstance(cues, list) or not all(isinstance(c, str) for c in cues):
+    return cues_in(data, key, path)
+
+
+def cues_in(data: object, key: str, path: Path) -> CueSet:
+    """The cues a parsed profile holds under ``key`` (``"selected_cues"``: also its older name, ``"cues"``)."""
+    fallback = data.get("cues") if isinstance(data, Mapping) and key == "selected_cues" else None
+    cues = data.get(key, fallback) if isinstance(data, Mapping) else None
+    if not isinstance(cues, (list, tuple)) or not all(isinstance(c, str) for c in cues):
         raise CueConfigError(f"cue profile {path} has no list of strings under {key!r}")
     return CueSet(tuple(cues), source=str(path) if key == "selected_cues" else f"{path}:{key}")
-
-
-def shipped_profile(pair_name: str | None) -> Path | None:
-    """The calibrated profile shipped as package data for a known pair, if any."""
-    if not pair_name:
-        return None
-    candidate = resources.files("relaygen_integrations") / "profiles" / f"{pair_name}.json"
-    return Path(str(candidate)) if candidate.is_file() else None
 
 
 def resolve_cues(spec: str | list[str] | tuple[str, ...] | CueSet | None, pair_name: str | None = None) -> CueSet:
@@ -155,11 +154,13 @@ def resolve_cues(spec: str | list[str] | tuple[str, ...] | CueSet | None, pair_n
         raise CueConfigError(f"cues must be a preset name, a list of strings or a profile path, not {type(spec)}")
     if spec == "auto":
         profile = shipped_profile(pair_name)
-        return load_profile(profile) if profile else CueSet(GENERIC_CUES, source="generic")
+        return (
+            cues_in(profile.data, "selected_cues", profile.path) if profile else CueSet(GENERIC_CUES, source="generic")
+        )
     if spec == "all-candidates":
         profile = shipped_profile(pair_name)
         if profile:
-            return load_profile(profile, key="candidates")
+            return cues_in(profile.data, "candidates", profile.path)
         return CueSet(PAPER_CANDIDATES, source="paper-candidates")
     if spec in PRESETS:
         return CueSet(PRESETS[spec], source=spec)
