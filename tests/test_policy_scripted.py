@@ -211,8 +211,9 @@ def test_each_model_forwards_each_token_once(tokenizer):
     result = engine.generate(PROMPT, max_new_tokens=100)
     usage = result.usage
     large_span, small_span, _ = result.spans
-    # The small model's first pass is one catch-up: the prompt plus every large token so far (incl. "So").
-    assert small.fed[0] == usage.prompt_tokens + large_span.token_count
+    # The small model reads the prompt up to its last token in one pass (as every cold request does), then catches
+    # up in one: the last prompt token plus every large token so far (incl. "So").
+    assert small.fed[:2] == [usage.prompt_tokens - 1, 1 + large_span.token_count]
     assert usage.small_prefill_tokens == usage.prompt_tokens
     assert usage.small_catchup_tokens == large_span.token_count
     # The large model catches up on the small sentence in one pass, and never re-reads the prompt.
@@ -233,6 +234,19 @@ def test_prefix_cache_is_reused_by_the_next_request(tokenizer):
     assert second.usage.reused_prefix_tokens == 2 * (first.usage.prompt_tokens - 1)
     assert large.fed[0] == 1
     assert second.usage.large_prefill_tokens == 1
+
+
+def test_a_cold_request_reads_its_prompt_head_in_a_pass_of_its_own(tokenizer):
+    # Then a warm request (the prompt cached but its last token) and a cold one run the same passes from the last
+    # prompt token on: a pass's shape decides its arithmetic (bf16 wide passes, kernel blocking), so a greedy answer
+    # does not depend on what the cache held (tests/test_real_pair.py measures it on the demo pair).
+    engine, large, _ = scripted_engine(tokenizer, BASIC)
+    cold = engine.generate(PROMPT, max_new_tokens=100, mode="large")
+    prompt = cold.usage.prompt_tokens
+    assert large.fed[:2] == [prompt - 1, 1] and cold.usage.large_prefill_tokens == prompt
+    large.fed.clear()
+    warm = engine.generate(PROMPT, max_new_tokens=100, mode="large")
+    assert large.fed[0] == 1 and warm.text == cold.text
 
 
 def test_single_model_modes_never_touch_the_other_model(tokenizer):
@@ -258,7 +272,8 @@ def test_reprefill_segments_rereads_everything_at_each_switch(tokenizer):
     assert reprompted.text == cached.text and reprompted.spans[1].trigger == cached.spans[1].trigger
     prompt = reprompted.usage.prompt_tokens
     first_large = reprompted.spans[0].token_count
-    # The large model re-reads prompt + everything written when it takes over again (no catch-up from its cache).
-    assert large.fed[0] == prompt
-    assert prompt + first_large + reprompted.spans[1].token_count in large.fed
-    assert small.fed[0] == prompt + first_large
+    # The large model re-reads prompt + everything written when it takes over again (no catch-up from its cache),
+    # each time in two passes as a cold request does: the prompt up to its last token, then the rest.
+    assert large.fed[:2] == [prompt - 1, 1] and large.fed.count(prompt - 1) == 2
+    assert 1 + first_large + reprompted.spans[1].token_count in large.fed
+    assert small.fed[:2] == [prompt - 1, 1 + first_large]

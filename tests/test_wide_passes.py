@@ -54,8 +54,9 @@ def _prefill_then_step(model: torch.nn.Module, prompt: list[int]) -> tuple[torch
 def test_a_wide_pass_runs_its_linears_in_fp32_and_a_narrow_one_in_bf16(bf16_model, no_bf16_instructions):
     prompt = list(range(100, 100 + WIDE_FROM_ROWS + 6))
     _, prefill, step = _prefill_then_step(bf16_model, prompt)
-    body = [call for call in prefill if call[1] == len(prompt)]
-    assert body and all(dtype == torch.float32 for dtype, _ in body)  # every projection of the 30 positions
+    # The prompt up to its last token is one pass (ModelRunner._prefill_up_to_the_last_prompt_token): 29 rows.
+    body = [call for call in prefill if call[1] == len(prompt) - 1]
+    assert body and all(dtype == torch.float32 for dtype, _ in body)  # every projection of those positions
     assert prefill[-1] == (torch.bfloat16, 1)  # the output layer reads one row (logits_to_keep=1): not worth it
     assert step and all(dtype == torch.bfloat16 for dtype, _ in step)  # a decode step stays bf16
 

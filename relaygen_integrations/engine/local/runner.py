@@ -251,6 +251,7 @@ class ModelRunner:
 
         ``logits_to_keep`` matters: a 32-token catch-up would otherwise project all 32 positions onto a 152k vocab.
         """
+        new_ids = self._prefill_up_to_the_last_prompt_token(new_ids, keep)
         input_ids, kwargs = self._pass_inputs(new_ids)
         forward: Callable[..., object] = self.model
         compiled = self.decode_step is not None and len(new_ids) == 1 and keep == 1
@@ -271,6 +272,7 @@ class ModelRunner:
     def forward_hidden(self, new_ids: list[int], kind: str = "draft") -> torch.Tensor:
         """:meth:`forward_tokens` without the output layer: the last position's final hidden state, ``(1, hidden)``,
         for a draft head to score (the model's body runs eagerly: a compiled step includes the full projection)."""
+        new_ids = self._prefill_up_to_the_last_prompt_token(new_ids, 1)
         input_ids, kwargs = self._pass_inputs(new_ids)
         started = time.perf_counter()
         with wide_pass(self.wide_rows, len(new_ids)):
@@ -278,6 +280,31 @@ class ModelRunner:
         hidden = output.last_hidden_state[0, -1:]  # type: ignore[attr-defined]
         self._finish_pass(new_ids, started, hidden, kind)
         return hidden
+
+    def _prefill_up_to_the_last_prompt_token(self, new_ids: list[int], keep: int) -> list[int]:
+        """Runs the part of a pass that reads the prompt before its last token as a pass of its own; returns the rest.
+
+        A request whose prompt prefix is cached (``begin_request`` keeps all but the last prompt token) forwards
+        that last token, with whatever follows it in the same pass (a draft, the other model's text). A cold request
+        would read the whole prompt in that pass, and a pass's shape decides its arithmetic (a bf16 model's wide
+        passes run in fp32 on CPUs without bf16 instructions; kernels block by rows): the logits after the prompt,
+        and with them greedy decoding, would depend on what the cache held. With the prompt's head always in a pass
+        of its own, everything from the last prompt token on runs the same passes cold and warm. It costs one pass
+        per cold request (the positions are the same). A pass that must return rows from the head is not split."""
+        head = self.prompt_len - 1 - len(self.cached_ids)
+        if head <= 0 or len(new_ids) - head < max(keep, 1):
+            return new_ids
+        self._raw_pass(new_ids[:head])
+        return new_ids[head:]
+
+    def _raw_pass(self, new_ids: list[int]) -> None:
+        """A pass over prompt tokens whose output nobody reads: only the cache keeps what it computed (one row of
+        logits is made, as every causal LM's forward can: the model's body alone is not on every model)."""
+        input_ids, kwargs = self._pass_inputs(new_ids)
+        started = time.perf_counter()
+        with wide_pass(self.wide_rows, len(new_ids)):
+            output = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **kwargs)
+        self._finish_pass(new_ids, started, output.logits[0, -1], "prefill")  # type: ignore[attr-defined]
 
     @torch.inference_mode()
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
