@@ -200,3 +200,106 @@ def test_one_reader_of_a_pairs_shipped_profile() -> None:
             if names_the_path and path.parent.name != "cli":
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
     assert found == []
+
+
+# Third-party libraries worth deferring: each costs a noticeable import (or pulls one that does).
+HEAVY_LIBRARIES = frozenset({"torch", "transformers", "matplotlib", "fastapi", "uvicorn", "langchain_core",
+                             "llama_index", "gguf", "llguidance", "openai", "httpx", "numpy"})  # fmt: skip
+
+
+def _top_level_statements(tree: ast.Module) -> list[ast.stmt]:
+    """The statements that run at import time (inside if/try/with too), without ``if TYPE_CHECKING:`` blocks."""
+    found: list[ast.stmt] = []
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and _is_type_checking(node):
+                continue
+            found.append(node)
+            if isinstance(node, (ast.If, ast.Try, ast.With)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+                visit(getattr(node, "finalbody", []))
+
+    visit(tree.body)
+    return found
+
+
+def _heavy_imports(path: Path) -> set[str]:
+    found = set()
+    for node in _top_level_statements(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found & HEAVY_LIBRARIES
+
+
+def _lazy_names(path: Path, module: str) -> dict[str, str]:
+    """A package that imports its names on first access (a module ``__getattr__``) lists under ``TYPE_CHECKING``
+    where each lives: name -> module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body):
+        return {}
+    homes = {}
+    for block in (n for n in tree.body if isinstance(n, ast.If) and _is_type_checking(n)):
+        for node in (n for n in block.body if isinstance(n, ast.ImportFrom)):
+            target = _resolve(module, node)[0]
+            homes.update({alias.asname or alias.name: target for alias in node.names})
+    return homes
+
+
+def deferred_imports_without_a_reason() -> list[str]:
+    """Imports inside functions whose module would neither close an import cycle nor load a heavy library that
+    the importing module does not load already (see the test below)."""
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    top = graph(top_level_only=True)
+    lazy = {name: _lazy_names(path, name) for name, path in paths.items() if path.name == "__init__.py"}
+
+    def closure(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            parts = name.split(".")
+            todo += [
+                *top.get(name, ()),
+                *(".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in paths),
+            ]
+        return seen
+
+    def heavy(name: str) -> set[str]:
+        return set().union(*(_heavy_imports(paths[m]) for m in closure(name)))
+
+    def home(package: str, name: str) -> str:
+        seen = set()
+        while package in lazy and name in lazy[package] and package not in seen:
+            seen.add(package)
+            package = lazy[package][name]
+        return f"{package}.{name}" if f"{package}.{name}" in paths else package
+
+    unjustified = []
+    for module, path in sorted(paths.items()):
+        for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if not isinstance(node, ast.ImportFrom) or not _resolve(module, node):
+                    continue
+                package = _resolve(module, node)[0]
+                for target in {home(package, alias.name) for alias in node.names}:
+                    if target in paths and module not in closure(target) and not heavy(target) - heavy(module):
+                        unjustified.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {target}")
+    return unjustified
+
+
+def test_every_deferred_import_breaks_a_cycle_or_defers_a_heavy_library() -> None:
+    """An import inside a function hides a dependency from the reader; it is kept only where it pays: the module it
+    imports would close an import cycle at load time, or would load a heavy library (torch, transformers, an HTTP
+    stack, ...) that the importing module does not load already (so ``relaygen --help`` and the light entry points
+    stay light). A name taken from a lazy package counts from the module it really lives in."""
+    assert deferred_imports_without_a_reason() == []

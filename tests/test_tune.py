@@ -409,7 +409,7 @@ def test_bench_auto_modes_are_large_and_the_tuners_top_backed_candidates(monkeyp
     class Tuned:
         choice = choose(MODES, table_of(*AVX512_BF16))
 
-    monkeypatch.setattr("relaygen_integrations.tune.tuner.tune_pair", lambda *args, **kwargs: Tuned())
+    monkeypatch.setattr("relaygen_integrations.bench.predicted.tune_pair", lambda *args, **kwargs: Tuned())
     modes = predicted.auto_modes("demo", "demo")
     # the draft vocabulary the profiled run used is part of the mode's name, so the bench runs what was priced
     assert modes == ["large", "large-spec@32768#bf16/int8", "large-spec#bf16", "relay+verify@prob:0.2#bf16"]

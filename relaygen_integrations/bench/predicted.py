@@ -22,7 +22,9 @@ from ..engine.core.shipped import shipped_profile
 from ..tune.candidates import split_mode
 from ..tune.cost_model import seconds_per_token
 from ..tune.costs import PassCostTable
+from ..tune.machine import this_machine
 from ..tune.observed import ObservedCosts, corrected_table
+from ..tune.tuner import cache_path, tune_pair, tuning_enabled
 from ..tune.work import work_from_runs
 from .summary import Run
 
@@ -37,9 +39,6 @@ def _device() -> torch.device:
 def machine_pass_costs(large: str, small: str) -> dict[str, Any] | None:
     """This machine's cached pass-cost table for the pair (as saved); None when it was never tuned here, or tuning
     is off (``RELAYGEN_TUNE=off``)."""
-    from ..tune.machine import this_machine
-    from ..tune.tuner import cache_path, tuning_enabled
-
     pair = known_pair(large, small)
     if pair is None or not tuning_enabled():
         return None
@@ -53,8 +52,6 @@ def machine_pass_costs(large: str, small: str) -> dict[str, Any] | None:
 def auto_modes(large: str, small: str) -> list[str]:
     """``large`` and the tuner's fastest backed candidates on this machine (tuning it first if it never was), as
     benchmark modes; candidates the benchmark cannot name (``+compile`` formats) are left out."""
-    from ..tune.tuner import tune_pair
-
     pair = known_pair(large, small)
     profile = shipped_profile(pair)
     if pair is None or profile is None:

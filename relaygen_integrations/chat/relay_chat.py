@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.core.prompt import check_json_data, validate_messages
 from ..engine.core.settings import SettingsError, shown
+from ..engine.core.spans import FinalEvent, SwitchEvent, TextEvent
 from .constraints import json_item, response_grammar, turn_grammar
 from .reasoning import (
     REASONING_START,
@@ -305,8 +306,6 @@ class ChatStreamAssembler:
         return self._pieces(pieces, model, 0)
 
     def on_event(self, event: StreamEvent) -> list[ChatDelta]:
-        from ..engine.core.spans import FinalEvent, SwitchEvent, TextEvent
-
         if isinstance(event, TextEvent):
             head = self._take_prefill(event.model)
             pieces = [*head, *self._split(event.text, event.model, event.span_index)]

@@ -11,6 +11,11 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from ..engine.core.configuration import PairConfiguration, pair_formats
+from ..engine.core.cues import PAPER_CANDIDATES
+from ..engine.core.verify import VerifyRule
+from ..prompts import load_gsm8k, math_messages
+
 
 def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -56,8 +61,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     from ..calibrate.margins import Trace, calibrate, plot_margins, tokenizer_hash, trace_candidates, write_profile
     from ..engine import RelayEngine
-    from ..engine.core.cues import PAPER_CANDIDATES
-    from ..prompts import load_gsm8k, math_messages
 
     hf_logging.disable_progress_bar()
     console = Console()
@@ -127,9 +130,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 def _verified_inputs(args: argparse.Namespace) -> tuple[Any, Any] | None:
     """(rule, costs) for verified calibration, or None with ``--verify off``; checked before loading."""
     from ..calibrate.verified import costs_from_runs
-    from ..engine.core.configuration import PairConfiguration, pair_formats
     from ..engine.core.pairs import known_pair
-    from ..engine.core.verify import VerifyRule
     from ..engine.local.weights import pick_pair_weights
 
     if args.verify == "off":
@@ -157,7 +158,6 @@ def _run_verified(args, engine, traces, proposed, margins, verified, console) ->
     from rich.progress import Progress
 
     from ..calibrate.verified import plot_verified, run_trials, verified_calibrate, verified_profile_entry
-    from ..engine.core.cues import PAPER_CANDIDATES
 
     rule, costs = verified
     runners = engine.backend.runners

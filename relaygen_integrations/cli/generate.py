@@ -15,6 +15,7 @@ from rich.console import Console
 from ..engine.core.settings import GenerationSettings, merge_settings
 from ..engine.core.spans import MODES, RelayResult
 from ..prompts import answers_match, extract_answer, gsm8k_reference_answer, load_gsm8k, math_messages
+from .render import comparison_table, legend, print_stream, speedup_sentence, stats_line
 
 if TYPE_CHECKING:
     from ..engine import RelayEngine
@@ -151,16 +152,12 @@ def _small_bf16_on_cpu(engine: Any) -> bool:
 
 
 def _show(engine: Any, messages: list[dict[str, str]], settings: GenerationSettings, console: Console) -> RelayResult:
-    from .render import print_stream, stats_line
-
     result = print_stream(engine.stream(messages, settings=settings), console)
     console.print(stats_line(result), soft_wrap=True)
     return result
 
 
 def _run(args: argparse.Namespace, messages: list[dict[str, str]], console: Console) -> int:
-    from .render import legend
-
     engine, settings = _load(args, console)
     if args.json:
         result = engine.generate(messages, settings=settings)
@@ -213,8 +210,6 @@ def run_demo(args: argparse.Namespace) -> int:
         results = {name: engine.generate(messages, settings=run) for name, run in runs}
         print(json.dumps(_demo_json(results, reference), ensure_ascii=False, indent=2))
         return 0
-    from .render import comparison_table, legend, speedup_sentence
-
     console.rule("GSM8K question")
     console.print(record["question"], highlight=False)
     console.print(legend(engine.large_name, engine.small_name))

@@ -18,6 +18,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..engine.core.shipped import TUNING_KEY, ShippedProfile, shipped_profile_path
+from ..tune.candidates import join_mode, split_mode
+from ..tune.choose import choose
+from ..tune.costs import PassCostTable
+from ..tune.observed import MIN_PASSES, bucket_ratios, corrected_table, read_observed
+from ..tune.profile import modes_from_results, profiled_modes, tuning_entry
+
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("tune", help="measure this machine and choose the pair's fastest accurate configuration")
@@ -42,8 +49,6 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _profile_path(args: argparse.Namespace) -> Path:
-    from ..engine.core.shipped import shipped_profile_path
-
     path = args.profile or shipped_profile_path(args.pair)
     if path is None:
         raise SystemExit(f"no shipped profile for pair {args.pair!r}: pass --profile")
@@ -51,9 +56,6 @@ def _profile_path(args: argparse.Namespace) -> Path:
 
 
 def _write_profile(args: argparse.Namespace, console: Console) -> int:
-    from ..engine.core.shipped import TUNING_KEY
-    from ..tune.profile import modes_from_results, tuning_entry
-
     sources: list[tuple[Path, list[str] | None]] = []
     for spec in args.profile_from:
         path, _, modes = spec.partition(":")
@@ -71,8 +73,6 @@ def _write_profile(args: argparse.Namespace, console: Console) -> int:
 def _measured_per_token(path: Path | None) -> dict[str, float]:
     if path is None:
         return {}
-    from ..tune.candidates import join_mode, split_mode
-
     saved = json.loads(path.read_text(encoding="utf-8"))
     run_formats = str(saved.get("machine", {}).get("dtype") or "bf16")
     seconds: dict[str, float] = {}
@@ -112,8 +112,6 @@ def explain(choice: Any, measured: dict[str, float], console: Console) -> None:
 
 def explain_observed(table: Any, observed: Any, console: Console) -> None:
     """What an engine's passes cost here against the measured table, by bucket of sizes (``tune/observed.py``)."""
-    from ..tune.observed import MIN_PASSES, bucket_ratios
-
     for role, by_fmt in observed.cells.items():
         for fmt, cells in by_fmt.items():
             measured = table.get(role, fmt)
@@ -130,13 +128,8 @@ def explain_observed(table: Any, observed: Any, console: Console) -> None:
 def run_tune(args: argparse.Namespace) -> int:
     import torch
 
-    from ..engine.core.shipped import ShippedProfile
     from ..engine.local.loading import pick_device
-    from ..tune.choose import choose
     from ..tune.configuration import configuration_for
-    from ..tune.costs import PassCostTable
-    from ..tune.observed import corrected_table, read_observed
-    from ..tune.profile import profiled_modes
     from ..tune.tuner import tune_pair
 
     # Piped or redirected, rich would wrap the candidate table at 80 columns: write it whole instead.

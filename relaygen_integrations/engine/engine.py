@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..tune.configuration import configure_pair, cost_recorder
 from .constraints.grammar import GrammarTokenizer
 from .core.backend import Backend, BackendCapabilityError
 from .core.configuration import PairConfiguration
@@ -160,8 +161,6 @@ class RelayEngine:
         or any given) the profile's for the rest (``engine.configuration`` says which). ``dtype`` may give each
         model its own format: ``"bf16/int8"`` (large/small) or ``{"large": "bf16", "small": "int8"}``.
         """
-        from ..tune.configuration import configure_pair, cost_recorder  # deferred: tuning loads the registry's models
-
         torch_device = pick_device(device)
         given = dict(mode=mode, speculative=speculative, verify=verify, dtype=dtype, draft_vocab=draft_vocab,
                      prompt_lookup=prompt_lookup)  # fmt: skip

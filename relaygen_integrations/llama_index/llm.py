@@ -41,6 +41,7 @@ from ..engine.core.pairs import peek_context_window
 from ..engine.core.prompt import MessageError, check_text
 from ..engine.core.settings import KEYS, GenerationSettings, SettingsError, merge_settings, shown
 from ..engine.core.spans import StreamEvent
+from ..registry import KNOWN_PAIRS
 from .events import ChatTurn, CompletionTurn, last_response
 from .events import RelaySwitchEvent as RelaySwitchEvent
 from .events import dispatcher as dispatcher
@@ -347,6 +348,4 @@ RelayChatModel = RelayLLM
 # -- names and sizes without loading ------------------------------------------------------------------------------
 def _display_name(ref: str, role: str) -> str:
     """``demo`` -> ``demo:large`` (what the loaded engine will call it); other references are shown as given."""
-    from ..registry import KNOWN_PAIRS
-
     return f"{ref}:{role}" if ref in KNOWN_PAIRS else ref

@@ -25,11 +25,14 @@ from typing import Any
 
 import torch
 
+from ..engine.core.pairs import ModelLoadError, resolve_reference
+from ..engine.local.loading import gguf_source, in_format, load_causal_lm
+from ..engine.local.weights import pick_weights
 from ..registry.cache import relaygen_home
 from .choose import Choice, choose
 from .costs import PassCostTable
 from .machine import MachineIdentity, this_machine
-from .measure import DEFAULT_BUDGET_SECONDS, MEASURE_METHOD, ModelPassTimer, PassTimer, measure_pass_costs
+from .measure import DEFAULT_BUDGET_SECONDS, MEASURE_METHOD, POSITIONS, ModelPassTimer, PassTimer, measure_pass_costs
 from .observed import ObservedCosts, corrected_table, read_observed, write_observed
 from .profile import profiled_modes
 
@@ -66,9 +69,6 @@ def pair_has_gguf(pair: str) -> bool:
     """Whether ``pair_model_loader`` can load the pair's large model in ``gguf``: ``gguf_source``, which it calls,
     finds the file (a known pair's kept GGUFs, ``relaygen models fetch`` keeps them; for another name, the one
     ``*.gguf`` in the directory it names). Reads the disk only; never downloads."""
-    from ..engine.core.pairs import ModelLoadError
-    from ..engine.local.loading import gguf_source
-
     try:
         gguf_source(pair, pair, "large")
     except (ModelLoadError, ValueError, OSError):
@@ -108,9 +108,6 @@ def load_cached(path: Path, plan: Sequence[tuple[str, str]]) -> PassCostTable | 
 def pair_model_loader(pair: str, device: torch.device) -> Callable[[str, str], torch.nn.Module]:
     """Loads the known pair's model for ``role`` in ``fmt`` as the engine would hold it. fp32 is timed on the bf16
     copy upcast (the same shapes and kernels; the fp32 copy's values only matter for what it writes)."""
-    from ..engine.core.pairs import resolve_reference
-    from ..engine.local.loading import gguf_source, in_format, load_causal_lm
-    from ..engine.local.weights import pick_weights
 
     def load(role: str, fmt: str) -> torch.nn.Module:
         weights = pick_weights(fmt, device)
@@ -139,8 +136,6 @@ def measure_with_progress(
     if not show_progress:
         return measure_pass_costs(timer, plan, budget_seconds=budget)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .measure import POSITIONS
 
     with Progress(TextColumn("[bold]tuning[/bold] {task.description}"), BarColumn(), TimeElapsedColumn(),
                   transient=True) as progress:  # fmt: skip

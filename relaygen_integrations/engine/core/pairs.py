@@ -11,6 +11,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from ...registry import KNOWN_PAIRS, pair_paths, resolve_model
 from .spans import ModelRole
 
 
@@ -24,8 +25,6 @@ class TokenizerMismatchError(ValueError):
 
 def known_pair(large: str, small: str) -> str | None:
     """The known pair (``"demo"``) both references name, e.g. ``demo`` / ``demo:small``; else None."""
-    from ...registry import KNOWN_PAIRS
-
     names = {ref.split(":", 1)[0] for ref in (large, small)}
     name = names.pop() if len(names) == 1 else None
     return name if name in KNOWN_PAIRS else None
@@ -55,8 +54,6 @@ def large_model_folder(large: str, small: str | None = None) -> Path | None:
     ``config.json`` - else None. Never downloads: adapters ask before any model loads."""
     pair = known_pair(large, small if small is not None else large)
     if pair is not None:
-        from ...registry import pair_paths
-
         paths = pair_paths(pair)
         return Path(paths.large) if paths is not None else None
     folder = Path(large)
@@ -77,8 +74,6 @@ def peek_context_window(large: str, small: str | None = None) -> int | None:
 def resolve_reference(ref: str, role: ModelRole, copy: str = "bf16") -> tuple[str, str | None]:
     """Maps a user's model name to something ``from_pretrained`` accepts, plus the known pair's name if any. ``copy``:
     which converted copy of a known pair to read (``"bf16"`` or ``"fp32"``, see ``local/weights.dtype_tag``)."""
-    from ...registry import KNOWN_PAIRS, resolve_model
-
     pair = ref.split(":", 1)[0]
     return resolve_model(ref, role, dtype=copy), (pair if pair in KNOWN_PAIRS else None)
 

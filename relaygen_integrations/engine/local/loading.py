@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from ...registry import specs
+from ...registry.resolve import pair_gguf_paths
 from ..core.configuration import pair_formats
 from ..core.pairs import (
     ModelLoadError,
@@ -158,9 +160,6 @@ def load_model(
 def gguf_source(given: str, resolved: str, role: str) -> Path:
     """The GGUF file whose 4-bit tensors ``dtype='gguf'`` computes with: a known pair's downloaded file for the role
     (``demo``, ``demo:small``), else the one ``*.gguf`` file in the model's directory."""
-    from ...registry import specs
-    from ...registry.resolve import pair_gguf_paths
-
     pair, _, named_role = given.partition(":")
     if pair in specs.KNOWN_PAIRS:
         paths = pair_gguf_paths(pair)
