@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.chat.constraints import response_grammar, tool_call_grammar, turn_grammar
-from relaygen_integrations.chat.relay_chat import plan_chat, prepare_chat, stream_chat
+from relaygen_integrations.chat.relay_chat import prepare_chat, prepare_turn, stream_chat
 from relaygen_integrations.engine.constraints.grammar import GrammarError, GrammarState
 from relaygen_integrations.engine.constraints.opening import CallOpening
 from relaygen_integrations.engine.core.settings import merge_settings
@@ -171,9 +171,9 @@ def test_a_switch_inside_a_tool_call_keeps_it_valid(engine):
 
 def test_constrain_false_and_a_remote_pair_run_free(engine):
     tool = {"type": "function", "function": {"name": "describe", "parameters": Weather.model_json_schema()}}
-    constrained = plan_chat(engine, prepare_chat(MESSAGES, merge_settings({}), [tool]))
+    constrained = prepare_turn(engine, prepare_chat(MESSAGES, merge_settings({}), [tool])).plan
     assert constrained.settings.grammar is not None and constrained.call_tag is not None
-    free = plan_chat(engine, prepare_chat(MESSAGES, merge_settings({"constrain": False}), [tool]))
+    free = prepare_turn(engine, prepare_chat(MESSAGES, merge_settings({"constrain": False}), [tool])).plan
     assert free.settings.grammar is None and free.call_tag is None
 
 
@@ -282,7 +282,7 @@ def test_json_formats_through_the_chat_layer(engine, tokenizer):
 
     response_format = {"type": "json_schema", "json_schema": {"name": "report", "schema": SCHEMA}}
     request = prepare_chat(MESSAGES, merge_settings({"max_new_tokens": 200}), response_format=response_format)
-    assert plan_chat(engine, request).prompt_ids == engine.encode_messages(request.messages)  # no "{" prefilled
+    assert prepare_turn(engine, request).plan.prompt_ids == engine.encode_messages(request.messages)  # no "{" prefilled
     final = list(stream_chat(engine, request))[-1]
     assert final.result.finish_reason == "stop"
     Report.model_validate_json(final.parsed.content)

@@ -24,7 +24,7 @@ from thinking_templates import ALWAYS_THINKS, SWITCH, THINKING_FLAG, templated
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.chat.reasoning import thinking_switch
-from relaygen_integrations.chat.relay_chat import plan_chat, prepare_chat
+from relaygen_integrations.chat.relay_chat import prepare_chat, prepare_turn
 from relaygen_integrations.engine.core.prompt import MessageError
 from relaygen_integrations.engine.core.settings import SettingsError, merge_settings
 from relaygen_integrations.langchain import RelayChatModel
@@ -49,7 +49,7 @@ def switch_engine(tokenizer, pair) -> RelayEngine:
 
 
 def prompt_text(engine: RelayEngine, **request) -> str:
-    plan = plan_chat(engine, prepare_chat(PROMPT, merge_settings({"max_new_tokens": TOKENS}), **request))
+    plan = prepare_turn(engine, prepare_chat(PROMPT, merge_settings({"max_new_tokens": TOKENS}), **request)).plan
     return engine.tokenizer.decode(plan.prompt_ids)
 
 
@@ -105,7 +105,7 @@ def test_langchain_reasoning_field_and_call_argument_move_the_output(switch_engi
         assert message.content == text_off and "reasoning_content" not in message.additional_kwargs
         assert message.usage_metadata["output_token_details"] == {"reasoning": 0}  # every token is the answer's
     # the closed block is prompt: the model read the longer prompt
-    closed = plan_chat(switch_engine, prepare_chat(PROMPT, merge_settings(), reasoning=False)).prompt_ids
+    closed = prepare_turn(switch_engine, prepare_chat(PROMPT, merge_settings(), reasoning=False)).plan.prompt_ids
     assert quiet.invoke(QUESTION).usage_metadata["input_tokens"] == len(closed)
     assert len(closed) > thinking.usage_metadata["input_tokens"]
     streamed = "".join(chunk.text for chunk in quiet.stream(QUESTION))

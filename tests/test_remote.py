@@ -319,11 +319,11 @@ def test_speculative_and_reprefill_are_refused_before_any_request(remote):
 def test_a_tool_chat_over_endpoints_runs_unconstrained(remote):
     """The servers hand out sampled tokens, not logits: a chat with tools runs as without constraints (the
     prefill, the parser), and says nothing it cannot do."""
-    from relaygen_integrations.chat.relay_chat import plan_chat, prepare_chat
+    from relaygen_integrations.chat.relay_chat import prepare_chat, prepare_turn
     from relaygen_integrations.engine.core.settings import merge_settings
 
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
-    plan = plan_chat(remote, prepare_chat(MESSAGES, merge_settings({}), [tool], tool_choice="required"))
+    plan = prepare_turn(remote, prepare_chat(MESSAGES, merge_settings({}), [tool], tool_choice="required")).plan
     assert plan.settings.grammar is None and plan.call_tag is None
     assert remote.tokenizer.decode(plan.prompt_ids).endswith('<tool_call>\n{"name": "')
 

@@ -302,12 +302,12 @@ def test_big_bodies_do_not_stall_the_event_loop(local, monkeypatch):
         rendering.set()
         if not on_an_event_loop():  # on the loop, waiting would only hold up the answer it waits for
             assert answered.wait(HANG_SECONDS), "the server answered nothing while a body was being prepared"
-        return plan_chat(*args, **kwargs)
+        return prepare_turn(*args, **kwargs)
 
-    plan_chat = app_module.plan_chat  # renders, tokenizes and checks the length
+    prepare_turn = app_module.prepare_turn  # renders, tokenizes and checks the length
     monkeypatch.setattr(app_module, "parse_request", noting("parse_request", app_module.parse_request))
     monkeypatch.setattr(app_module, "prepare_chat", noting("prepare_chat", app_module.prepare_chat))
-    monkeypatch.setattr(app_module, "plan_chat", noting("plan_chat", held_until_answered))
+    monkeypatch.setattr(app_module, "prepare_turn", noting("prepare_turn", held_until_answered))
     messages = [{"role": ("user", "assistant")[i % 2], "content": f"message number {i}"} for i in range(2000)]
     answers: list[httpx.Response] = []
     with ServerThread(create_app(local)) as server:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.chat.constraints import turn_grammar
-from relaygen_integrations.chat.relay_chat import plan_chat, prepare_chat, stream_chat
+from relaygen_integrations.chat.relay_chat import prepare_chat, prepare_turn, stream_chat
 from relaygen_integrations.chat.tool_calls import InvalidToolCall, ToolCall, assistant_tool_calls_for_template
 from relaygen_integrations.chat.tool_formats import (
     HERMES,
@@ -153,7 +153,7 @@ def test_calls_render_back_through_the_template_as_written(family):
     written = output.replace("}]", f', "id": "{calls[0].id}"}}]') if family == "mistral" else output
     assert written in rendered
     assert '"description": "The get_weather tool."' in rendered
-    prompt = plan_chat(engine(family), prepare_chat(MESSAGES, merge_settings({}), [WEATHER])).prompt_ids
+    prompt = prepare_turn(engine(family), prepare_chat(MESSAGES, merge_settings({}), [WEATHER])).plan.prompt_ids
     opening = {"llama3_json": "<|start_header_id|>", "mistral": "[AVAILABLE_TOOLS]", "mistral_v11": "[AVAILABLE_TOOLS]"}
     assert tokenizer.convert_tokens_to_ids(opening[family]) in prompt  # the template's markup, as its token
 
@@ -268,7 +268,7 @@ def test_random_weights_under_the_grammar_write_a_valid_call_of_the_family(famil
 @pytest.mark.parametrize("family", FAMILIES)
 def test_offered_tools_give_text_or_a_call_never_a_broken_one(family, grammar_tokenizers):
     request = prepare_chat(MESSAGES, merge_settings({"max_new_tokens": 40}), [DESCRIBE, SETTLE])
-    plan = plan_chat(engine(family), request)
+    plan = prepare_turn(engine(family), request).plan
     assert plan.call_tag is not None and plan.call_tag == TOOL_FORMATS[family].call_tag(grammar_tokenizers[family])
     final = list(stream_chat(engine(family), request))[-1]
     assert not final.parsed.invalid_tool_calls
@@ -284,7 +284,7 @@ def test_without_a_grammar_the_prefill_opens_the_familys_call(family):
     for choice in ("required", "get_weather"):
         request = prepare_chat(MESSAGES, merge_settings({"constrain": False}), [WEATHER], tool_choice=choice)
         assert request.prefix is not None and request.prefix.startswith("<tool_call>")  # engine-free: the default
-        prompt = family_tokenizer(family).decode(plan_chat(engine(family), request).prompt_ids)
+        prompt = family_tokenizer(family).decode(prepare_turn(engine(family), request).plan.prompt_ids)
         prefix = TOOL_FORMATS[family].forced_prefix(choice, [WEATHER])
         assert prefix is not None and prompt.endswith(prefix) and written.startswith(prefix), prefix
 

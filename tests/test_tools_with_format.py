@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from relaygen_integrations import RelayEngine
 from relaygen_integrations.chat.constraints import json_item, tool_call_grammar, turn_grammar
-from relaygen_integrations.chat.relay_chat import bare_call, plan_chat, prepare_chat, stream_chat
+from relaygen_integrations.chat.relay_chat import bare_call, prepare_chat, prepare_turn, stream_chat
 from relaygen_integrations.engine.core.settings import merge_settings
 from relaygen_integrations.langchain import RelayChatModel
 
@@ -188,7 +188,7 @@ def valid_turn(engine: RelayEngine, after_result: bool, writing: dict[str, Any])
     response_format = {"type": "json_schema", "json_schema": {"name": "scene", "schema": SCHEMA}}
     settings = merge_settings({"max_new_tokens": 120, **writing})
     request = prepare_chat(messages, settings, [DESCRIBE], response_format=response_format)
-    plan = plan_chat(engine, request)
+    plan = prepare_turn(engine, request).plan
     assert plan.call_tag is None and "| call_body | answer" in plan.settings.grammar  # the one grammar, no opening
     final = list(stream_chat(engine, request))[-1]
     result, parsed = final.result, final.parsed

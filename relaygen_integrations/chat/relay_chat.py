@@ -244,11 +244,46 @@ def _as_run(engine: RelayEngine, request: ChatRequest) -> ChatRequest:
     return dataclasses.replace(request, prefix=None, constrained=True)
 
 
-def _run_plan(engine: RelayEngine, request: ChatRequest) -> GenerationPlan:
-    """``request`` (as :func:`_as_run` left it) rendered, tokenized and planned; under its grammar when constrained,
+@dataclass(frozen=True)
+class PreparedTurn:
+    """A chat turn ready to run, decided once (:func:`prepare_turn`) for the sync and async streams and the server:
+    the request as it runs on the engine (under a grammar, or with a prefill), its plan (prompt ids, settings,
+    grammar), and whether the prompt leaves a reasoning block open (None: the output decides)."""
+
+    engine: RelayEngine
+    request: ChatRequest
+    plan: GenerationPlan
+    opens_reasoning: bool | None
+
+    def assembler(self) -> ChatStreamAssembler:
+        """A fresh assembler of this turn's deltas (each stream of the turn parses from the start)."""
+        engine, request = self.engine, self.request
+        return ChatStreamAssembler(
+            request.prefix,
+            tool_names(request.tools) if request.tools else (),
+            reasoning_splitter(engine, request, self.opens_reasoning),
+            call_or_answer(request),
+            chat_parser(engine.tokenizer, request.settings.tool_format, request.tools),
+        )
+
+
+def prepare_turn(engine: RelayEngine, request: ChatRequest) -> PreparedTurn:
+    """The CPU work before any model work, done once: grammar or prefill (:func:`_as_run`), the prompt rendered and
+    tokenized, its reasoning state read off its tail, and the plan (its length checked, its grammar compiled)."""
+    request = _as_run(engine, request)
+    prompt_ids = _prompt_ids(engine, request)
+    marker = engine.policy_config.reasoning_end or engine.policy_config.answer_marker
+    # The generation prompt and what it opened: its last tokens are enough.
+    opens = starts_in_reasoning(engine.tokenizer.decode(prompt_ids[-32:]), marker) if marker else None
+    return PreparedTurn(engine, request, _run_plan(engine, request, prompt_ids, opens), opens)
+
+
+def _run_plan(
+    engine: RelayEngine, request: ChatRequest, prompt_ids: list[int], opens_reasoning: bool | None
+) -> GenerationPlan:
+    """``request`` (as :func:`_as_run` left it) planned over its ``prompt_ids``; under its grammar when constrained,
     and with tools offered (``"auto"``), deciding between a call and text at its first token (``opening.py``). With
     a JSON response format as well, the grammar is a call or the answer's JSON (:func:`call_or_answer`)."""
-    prompt_ids = _prompt_ids(engine, request)
     if not request.constrained:
         return engine.plan(prompt_ids, request.settings)
     tokenizer = engine.grammar_tokenizer
@@ -261,7 +296,7 @@ def _run_plan(engine: RelayEngine, request: ChatRequest) -> GenerationPlan:
         rules, turn = response_grammar(request.response_format or {}, response_schema(request.response_format))
     end = engine.policy_config.reasoning_end
     # A thinking pair's reasoning comes first where the prompt leaves a reasoning block open (as the splitter says).
-    opened = end is not None and bool(starts_in_reasoning(engine.tokenizer.decode(list(prompt_ids[-32:])), end))
+    opened = end is not None and bool(opens_reasoning)
     # Where the prompt left no block open, a thinking pair's output may open one itself (``<think>``) first.
     may_open = REASONING_START if end == "</think>" and not opened else None
     grammar = turn_grammar(rules, turn, end if (opened or may_open) else None, tokenizer, may_open)
@@ -394,16 +429,6 @@ class ChatStreamAssembler:
         return ChatDelta(model=model, span_index=index, tool_call=piece)
 
 
-def _assembler(engine: RelayEngine, request: ChatRequest, prompt_ids: Sequence[int]) -> ChatStreamAssembler:
-    return ChatStreamAssembler(
-        request.prefix,
-        tool_names(request.tools) if request.tools else (),
-        reasoning_splitter(engine, request, prompt_ids),
-        call_or_answer(request),
-        chat_parser(engine.tokenizer, request.settings.tool_format, request.tools),
-    )
-
-
 def reasoning_format(engine: RelayEngine, settings: GenerationSettings) -> ReasoningFormat:
     """The request's ``reasoning_format``, or the pair's default: 'separate' for a thinking pair, else 'inline'."""
     config = engine.policy_config
@@ -417,15 +442,15 @@ def reasoning_format(engine: RelayEngine, settings: GenerationSettings) -> Reaso
 
 
 def reasoning_splitter(
-    engine: RelayEngine, request: ChatRequest, prompt_ids: Sequence[int]
+    engine: RelayEngine, request: ChatRequest, opens_reasoning: bool | None
 ) -> ReasoningSplitter | None:
-    """The splitter of a 'separate' turn (None: 'inline', or a prefilled answer: a forced tool call or JSON)."""
+    """The splitter of a 'separate' turn (None: 'inline', or a prefilled answer: a forced tool call or JSON);
+    ``opens_reasoning``: whether the prompt leaves a reasoning block open (:func:`prepare_turn` read it)."""
     if reasoning_format(engine, request.settings) != "separate" or request.prefix:
         return None
     marker = engine.policy_config.reasoning_end or engine.policy_config.answer_marker
     assert marker is not None
-    tail = engine.tokenizer.decode(list(prompt_ids[-32:]))  # the generation prompt and what it opened
-    return ReasoningSplitter(marker, starts_in_reasoning(tail, marker))
+    return ReasoningSplitter(marker, opens_reasoning)
 
 
 def _prompt_ids(engine: RelayEngine, request: ChatRequest) -> list[int]:
@@ -441,28 +466,21 @@ def _prompt_ids(engine: RelayEngine, request: ChatRequest) -> list[int]:
 
 
 def stream_chat(engine: RelayEngine, request: ChatRequest, cancel: Any = None) -> Iterator[ChatDelta]:
-    request = _as_run(engine, request)
-    plan = _run_plan(engine, request)
-    assembler = _assembler(engine, request, plan.prompt_ids)
-    for event in engine.run_plan(plan, cancel):
+    turn = prepare_turn(engine, request)
+    assembler = turn.assembler()
+    for event in engine.run_plan(turn.plan, cancel):
         yield from assembler.on_event(event)
 
 
-def plan_chat(engine: RelayEngine, request: ChatRequest) -> GenerationPlan:
-    """The request rendered, tokenized and planned (its length checked, its grammar compiled): the CPU work before
-    any model work."""
-    return _run_plan(engine, _as_run(engine, request))
-
-
 async def astream_chat(
-    engine: RelayEngine, request: ChatRequest, plan: GenerationPlan | None = None
+    engine: RelayEngine, request: ChatRequest, turn: PreparedTurn | None = None
 ) -> AsyncIterator[ChatDelta]:
-    """The async stream of a chat request. ``plan``: :func:`plan_chat`'s, if the caller made it already; otherwise
-    it is made on a worker thread, since rendering and tokenizing a long chat would stall the event loop."""
-    if plan is None:
-        plan = await asyncio.to_thread(plan_chat, engine, request)
-    assembler = _assembler(engine, _as_run(engine, request), plan.prompt_ids)
-    events = engine.astream_plan(plan)
+    """The async stream of a chat request. ``turn``: :func:`prepare_turn`'s, if the caller made it already;
+    otherwise it is made on a worker thread, since rendering and tokenizing a long chat would stall the event loop."""
+    if turn is None:
+        turn = await asyncio.to_thread(prepare_turn, engine, request)
+    assembler = turn.assembler()
+    events = engine.astream_plan(turn.plan)
     async for event in events:
         for delta in assembler.on_event(event):
             yield delta

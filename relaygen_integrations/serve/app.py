@@ -29,10 +29,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ConfigDict, Field, ValidationError
 
-from ..chat.relay_chat import ChatDelta, ChatRequest, astream_chat, plan_chat, prepare_chat
+from ..chat.relay_chat import ChatDelta, ChatRequest, PreparedTurn, astream_chat, prepare_chat, prepare_turn
 from ..chat.setting_fields import settings_model
 from ..chat.tool_calls import ToolCall
-from ..engine.core.settings import GenerationPlan, GenerationSettings, SettingsError, merge_settings
+from ..engine.core.settings import GenerationSettings, SettingsError, merge_settings
 from ..engine.core.spans import RelayResult, TokenLogprob
 from ..engine.engine import RelayEngine
 from .http import (
@@ -188,7 +188,7 @@ def refuse_unhonoured(fields: Mapping[str, Any]) -> None:
 
 def parse_request(
     engine: RelayEngine, raw: bytes, max_tokens_cap: int
-) -> tuple[ChatCompletionRequest, ChatRequest, GenerationPlan]:
+) -> tuple[ChatCompletionRequest, ChatRequest, PreparedTurn]:
     """A request body parsed, validated, rendered, tokenized and planned: everything before model work, and all of it
     CPU work, which ``create_app`` runs off the event loop (a 20,000-message body takes a second)."""
     try:
@@ -210,7 +210,7 @@ def parse_request(
         response_format=body.response_format,
         parallel_tool_calls=bool(body.parallel_tool_calls),
     )
-    return body, request, plan_chat(engine, request)
+    return body, request, prepare_turn(engine, request)
 
 
 def create_app(
@@ -244,10 +244,10 @@ def create_app(
     async def chat_completions(http: Request) -> Response:
         try:
             raw = await http.body()
-            body, request, plan = await asyncio.get_running_loop().run_in_executor(
+            body, request, turn = await asyncio.get_running_loop().run_in_executor(
                 preparing, parse_request, engine, raw, max_tokens_cap
             )
-            deltas = astream_chat(engine, request, plan)
+            deltas = astream_chat(engine, request, turn)
             # The first delta arrives once the request is validated and the first token is written: an error up to
             # here is still a proper HTTP status, not an error inside a 200 stream.
             first = await unless_disconnected(deltas.__anext__(), http)
