@@ -188,9 +188,10 @@ def test_an_async_call_from_a_thread_with_an_open_sync_stream_fails_at_once(engi
 
 async def test_a_sync_call_inside_an_async_stream_on_the_loop_fails_at_once(engine):
     engine._lock._lock = NeverWaits()  # a sync call on the loop must not block it waiting for the stream
-    # The stream's worker writes its first token (pass 1, one event) and is held at pass 2, so the stream is surely
-    # still running - holding the engine - when this loop makes its call, however fast or slow the machine.
-    gate = PassGate(*models(engine), hold_at=2, allowed=10**6, timeout=HANG_SECONDS)
+    # The stream's worker writes its first token (passes 1-2: the prompt up to its last token, then that token; one
+    # event) and is held at pass 3, so the stream is surely still running - holding the engine - when this loop makes
+    # its call, however fast or slow the machine.
+    gate = PassGate(*models(engine), hold_at=3, allowed=10**6, timeout=HANG_SECONDS)
     errors = []
     try:
         async for _event in engine.astream(PROMPT, max_new_tokens=5):
@@ -233,8 +234,9 @@ async def test_an_async_stream_dropped_without_aclose_frees_the_engine(engine, m
         return run_plan(*args, **kwargs)
 
     monkeypatch.setattr(engine, "run_plan", run_plan_seen)
-    # The worker writes the first token (pass 1) and is held at pass 2: the stream cannot end by itself meanwhile.
-    gate = PassGate(*models(engine), hold_at=2, allowed=1, timeout=HANG_SECONDS)
+    # The worker writes the first token (passes 1-2: the prompt up to its last token, then that token) and is held
+    # at pass 3: the stream cannot end by itself meanwhile.
+    gate = PassGate(*models(engine), hold_at=3, allowed=1, timeout=HANG_SECONDS)
     try:
         dropped = engine.astream(PROMPT, max_new_tokens=4000)
         await dropped.__anext__()
