@@ -15,13 +15,14 @@ demo: models
 
 # Everything, including the tests on the real demo pair (fetched here first: no silent skips), the package as a user
 # installs it (a wheel outside the checkout, and the dependency floors), then the relay over real vLLM and llama.cpp
-# servers in a phase of its own (their virtualenvs are built on first use: ~11 min on a 2-core AVX2 EPYC, most of it
-# compiling llama.cpp).
+# servers in a phase of its own. Their virtualenvs (built on first use: ~11 min on a 2-core AVX2 EPYC, most of it
+# compiling llama.cpp) are built in the background at the lowest CPU priority while the main suite runs
+# (scripts/serving_setup_background.sh), and stopped if the suite fails.
 test: models
-	@$(VENV)/python -m pytest -q -m "not serving_engine"
-	@bash scripts/package_check.sh
-	@bash scripts/serving_engines.sh setup vllm
-	@bash scripts/serving_engines.sh setup llamacpp
+	@bash scripts/serving_setup_background.sh start
+	@{ $(VENV)/python -m pytest -q -m "not serving_engine" && bash scripts/package_check.sh; } \
+		|| { bash scripts/serving_setup_background.sh stop; exit 1; }
+	@bash scripts/serving_setup_background.sh wait
 	@$(VENV)/python -m pytest -q -m serving_engine
 
 # Quick iteration: tiny random-weight models and scripted models only.
