@@ -37,19 +37,15 @@ def _is_type_checking(node: ast.If) -> bool:
     return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
 
 
-def imports(path: Path, top_level_only: bool, type_checking: bool = False) -> set[str]:
-    """Modules of this package that ``path`` imports (at import time only, or anywhere incl. inside functions;
+def import_statements(path: Path, top_level_only: bool, type_checking: bool = False) -> list[ast.stmt]:
+    """The import statements of ``path`` (at import time only, or anywhere incl. inside functions;
     ``type_checking``: the annotation-only imports under ``if TYPE_CHECKING:`` too)."""
-    module = module_name(path)
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    found: set[str] = set()
+    found: list[ast.stmt] = []
 
     def visit(nodes: list[ast.stmt]) -> None:
         for node in nodes:
-            if isinstance(node, ast.ImportFrom):
-                found.update(_resolve(module, node))
-            elif isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names if alias.name.startswith(NAME))
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.append(node)
             elif isinstance(node, ast.If) and _is_type_checking(node):
                 if type_checking:  # annotations only: never imported at run time, but still a dependency
                     visit(node.body)
@@ -62,7 +58,19 @@ def imports(path: Path, top_level_only: bool, type_checking: bool = False) -> se
             elif not top_level_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 visit(node.body)
 
-    visit(tree.body)
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return found
+
+
+def imports(path: Path, top_level_only: bool, type_checking: bool = False) -> set[str]:
+    """Modules of this package that ``path`` imports (:func:`import_statements`)."""
+    module = module_name(path)
+    found: set[str] = set()
+    for node in import_statements(path, top_level_only, type_checking):
+        if isinstance(node, ast.ImportFrom):
+            found.update(_resolve(module, node))
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith(NAME))
     return found
 
 
@@ -207,29 +215,9 @@ HEAVY_LIBRARIES = frozenset({"torch", "transformers", "matplotlib", "fastapi", "
                              "llama_index", "gguf", "llguidance", "openai", "httpx", "numpy"})  # fmt: skip
 
 
-def _top_level_statements(tree: ast.Module) -> list[ast.stmt]:
-    """The statements that run at import time (inside if/try/with too), without ``if TYPE_CHECKING:`` blocks."""
-    found: list[ast.stmt] = []
-
-    def visit(nodes: list[ast.stmt]) -> None:
-        for node in nodes:
-            if isinstance(node, ast.If) and _is_type_checking(node):
-                continue
-            found.append(node)
-            if isinstance(node, (ast.If, ast.Try, ast.With)):
-                visit(node.body)
-                visit(getattr(node, "orelse", []))
-                for handler in getattr(node, "handlers", []):
-                    visit(handler.body)
-                visit(getattr(node, "finalbody", []))
-
-    visit(tree.body)
-    return found
-
-
 def _heavy_imports(path: Path) -> set[str]:
     found = set()
-    for node in _top_level_statements(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in import_statements(path, top_level_only=True):
         if isinstance(node, ast.Import):
             found.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
