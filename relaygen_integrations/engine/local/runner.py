@@ -290,21 +290,14 @@ class ModelRunner:
         passes run in fp32 on CPUs without bf16 instructions; kernels block by rows): the logits after the prompt,
         and with them greedy decoding, would depend on what the cache held. With the prompt's head always in a pass
         of its own, everything from the last prompt token on runs the same passes cold and warm. It costs one pass
-        per cold request (the positions are the same). A pass that must return rows from the head is not split."""
+        per cold request (the positions are the same). A pass that must return rows from the head is not split.
+        The head's pass is an ordinary one (its one row of logits unread: the model's body alone is not on every
+        causal LM); it ends where the prompt's last token starts, so it is not split again."""
         head = self.prompt_len - 1 - len(self.cached_ids)
         if head <= 0 or len(new_ids) - head < max(keep, 1):
             return new_ids
-        self._raw_pass(new_ids[:head])
+        self.forward_tokens(new_ids[:head], kind="prefill")
         return new_ids[head:]
-
-    def _raw_pass(self, new_ids: list[int]) -> None:
-        """A pass over prompt tokens whose output nobody reads: only the cache keeps what it computed (one row of
-        logits is made, as every causal LM's forward can: the model's body alone is not on every model)."""
-        input_ids, kwargs = self._pass_inputs(new_ids)
-        started = time.perf_counter()
-        with wide_pass(self.wide_rows, len(new_ids)):
-            output = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **kwargs)
-        self._finish_pass(new_ids, started, output.logits[0, -1], "prefill")  # type: ignore[attr-defined]
 
     @torch.inference_mode()
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
